@@ -1,0 +1,162 @@
+"""Shared fixtures: tiny random models, the real default model, and a paged-batch builder."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # plain `pytest` (not `python -m pytest`) does not add the repo root
+    sys.path.insert(0, str(ROOT))
+
+from tgi_llm.attention.metadata import AttentionMetadata  # noqa: E402
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """The real default model (SmolLM2-135M-Instruct), converted from its GGUF once and then reused
+    from the cache ($TGI_LLM_CACHE, else ~/.cache/tgi_llm)."""
+    from tgi_llm.weights import resolve_model_dir
+
+    return resolve_model_dir(None)
+
+
+def _write_tiny_model(path: Path, model_type: str, seed: int, **overrides) -> Path:
+    import transformers
+
+    base = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        initializer_range=0.1,  # larger than default so attention patterns are far from uniform
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    base.update(overrides)
+    config_cls, model_cls = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+    }[model_type]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**base)).eval()
+    with torch.no_grad():  # random norm weights and biases, so a missed one shows in the logits
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.normal_(0, 0.1)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory) -> Callable[..., Path]:
+    """`factory(model_type="llama", seed=0, **config_overrides) -> dir`: a random tiny HF model
+    (hidden 64, 4 heads, 2 KV heads, 2 layers, vocab 256, untied), built once per argument set."""
+    built: dict[str, Path] = {}
+
+    def factory(model_type: str = "llama", seed: int = 0, **overrides) -> Path:
+        key = json.dumps([model_type, seed, overrides], sort_keys=True)
+        if key not in built:
+            path = tmp_path_factory.mktemp(f"tiny-{model_type}")
+            built[key] = _write_tiny_model(path, model_type, seed, **overrides)
+        return built[key]
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, default_model_dir: Path) -> Path:
+    """Random tiny Llama (GQA 4/2 heads, 2 layers, untied embeddings) with the default model's
+    tokenizer (vocab 49152) and generation_config, for end-to-end tests that need text."""
+    path = tmp_path_factory.mktemp("tiny-llama-tok")
+    vocab = json.loads((default_model_dir / "config.json").read_text())["vocab_size"]
+    _write_tiny_model(path, "llama", seed=0, vocab_size=vocab)
+    for name in (*TOKENIZER_FILES, "generation_config.json"):
+        if (default_model_dir / name).is_file():
+            shutil.copy(default_model_dir / name, path / name)
+    return path
+
+
+@dataclass
+class PagedBatcher:
+    """Test stand-in for the scheduler + block allocator: hands out blocks in shuffled order (so
+    block tables are not contiguous) and builds the flat batch for one step."""
+
+    block_size: int
+    num_blocks: int
+    seed: int = 0
+    tables: dict[int, list[int]] = field(default_factory=dict)
+    lengths: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.num_blocks))
+        random.Random(self.seed).shuffle(self.free)
+
+    def step(
+        self, chunks: list[tuple[int, list[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """`chunks`: (sequence id, new token ids) per sequence -> input_ids, positions, metadata."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        q_lens: list[int] = []
+        seq_lens: list[int] = []
+        for seq_id, tokens in chunks:
+            start = self.lengths.get(seq_id, 0)
+            end = start + len(tokens)
+            table = self.tables.setdefault(seq_id, [])
+            while len(table) * self.block_size < end:
+                table.append(self.free.pop())
+            ids.extend(tokens)
+            positions.extend(range(start, end))
+            slots.extend(
+                table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end)
+            )
+            q_lens.append(len(tokens))
+            seq_lens.append(end)
+            self.lengths[seq_id] = end
+        width = max(len(self.tables[s]) for s, _ in chunks)
+        block_tables = torch.zeros((len(chunks), width), dtype=torch.int32)
+        for row, (seq_id, _) in enumerate(chunks):
+            block_tables[row, : len(self.tables[seq_id])] = torch.tensor(self.tables[seq_id])
+        qsl = [0]
+        for n in q_lens:
+            qsl.append(qsl[-1] + n)
+        attn = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_tables=block_tables,
+            query_lens_cpu=q_lens,
+            seq_lens_cpu=seq_lens,
+            block_size=self.block_size,
+        )
+        return torch.tensor(ids), torch.tensor(positions), attn
+
+
+@pytest.fixture
+def paged_batcher() -> Callable[..., PagedBatcher]:
+    """`paged_batcher(block_size=4, num_blocks=64, seed=0) -> PagedBatcher`."""
+
+    def make(block_size: int = 4, num_blocks: int = 64, seed: int = 0) -> PagedBatcher:
+        return PagedBatcher(block_size, num_blocks, seed)
+
+    return make

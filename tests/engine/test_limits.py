@@ -1,0 +1,50 @@
+import pytest
+
+from tgi_llm.engine.limits import LimitOptions, resolve_limits
+from tgi_llm.errors import ArgumentValidationError
+
+
+def test_defaults_follow_tgi():
+    lim = resolve_limits(LimitOptions(), max_position_embeddings=8192, kv_cache_tokens=100_000)
+    assert lim.max_total_tokens == 4096  # TGI caps the default context at 4096
+    assert lim.max_input_tokens == 4095
+    assert lim.max_batch_prefill_tokens == 4145
+    assert lim.max_batch_total_tokens == 100_000 - 100_000 % 16
+    assert lim.num_blocks == lim.max_batch_total_tokens // 16
+
+
+def test_small_model_context_bounds_default():
+    lim = resolve_limits(LimitOptions(), max_position_embeddings=512, kv_cache_tokens=10_000)
+    assert (lim.max_input_tokens, lim.max_total_tokens) == (511, 512)
+
+
+@pytest.mark.parametrize(
+    "opts, message",
+    [
+        (LimitOptions(max_input_tokens=2048, max_total_tokens=1024),
+         r"`max_input_tokens`\(2048\) must be < `max_total_tokens`\(1024\)"),
+        (LimitOptions(max_input_tokens=1000, max_total_tokens=2000, max_batch_prefill_tokens=500),
+         r"`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 500 and 1000"),
+        (LimitOptions(max_batch_prefill_tokens=9000, max_batch_total_tokens=8000),
+         r"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: 9000 and 8000"),
+        (LimitOptions(max_total_tokens=4096, max_batch_total_tokens=2048, max_input_tokens=100,
+                      max_batch_prefill_tokens=200),
+         r"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: 4096 and 2048"),
+        (LimitOptions(max_concurrent_requests=0), r"`max_concurrent_requests` must be > 0. Given: 0"),
+        (LimitOptions(max_batch_size=0), r"`max_batch_size` must be > 0. Given: 0"),
+    ],
+)
+def test_bad_combinations_name_both_values(opts, message):
+    with pytest.raises(ArgumentValidationError, match=message):
+        resolve_limits(opts, max_position_embeddings=8192, kv_cache_tokens=100_000)
+
+
+def test_kv_budget_too_small_for_one_request_is_explained():
+    with pytest.raises(ArgumentValidationError, match="Not enough KV-cache memory"):
+        resolve_limits(LimitOptions(), max_position_embeddings=8192, kv_cache_tokens=1000)
+
+
+def test_derived_prefill_budget_shrinks_to_fit_cache():
+    lim = resolve_limits(LimitOptions(max_total_tokens=1024), max_position_embeddings=8192, kv_cache_tokens=1040)
+    assert lim.max_batch_prefill_tokens <= lim.max_batch_total_tokens
+    assert lim.max_batch_prefill_tokens >= lim.max_input_tokens

@@ -1,0 +1,127 @@
+"""Paged attention in plain torch: the CPU backend and the reference the others are checked against.
+
+Decode sequences (one new token each) go through one batched SDPA call over K/V gathered from
+their block tables and padded to the longest; each prefill sequence gets its own SDPA call.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.kv_cache import gather_kv, write_kv_cache
+
+
+class TorchPagedAttention:
+    name = "torch"
+    #: Any block size works.
+    required_block_size: int | None = None
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        attn: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        if attn.is_pure_decode:  # the common step: every token is its own sequence's decode
+            return self._decode(
+                q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale
+            )
+
+        out = torch.empty_like(q)
+        decode_seqs: list[int] = []
+        decode_tokens: list[int] = []
+        start = 0
+        for i, (q_len, seq_len) in enumerate(zip(attn.query_lens_cpu, attn.seq_lens_cpu, strict=True)):
+            if q_len == 1:
+                decode_seqs.append(i)
+                decode_tokens.append(start)
+            elif q_len > 1:
+                out[start : start + q_len] = self._prefill(
+                    q[start : start + q_len],
+                    k[start : start + q_len],
+                    v[start : start + q_len],
+                    k_cache,
+                    v_cache,
+                    attn.block_tables[i : i + 1],
+                    seq_len,
+                    scale,
+                )
+            start += q_len
+        if decode_seqs:
+            seq_idx = torch.tensor(decode_seqs, device=q.device)
+            tok_idx = torch.tensor(decode_tokens, device=q.device)
+            out[tok_idx] = self._decode(
+                q[tok_idx],
+                k_cache,
+                v_cache,
+                attn.block_tables[seq_idx],
+                attn.seq_lens[seq_idx],
+                [attn.seq_lens_cpu[i] for i in decode_seqs],
+                scale,
+            )
+        return out
+
+    @staticmethod
+    def _decode(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: list[int],
+        scale: float,
+    ) -> torch.Tensor:
+        """q: [B, Hq, D], one query per sequence -> [B, Hq, D]."""
+        batch, num_heads, dim = q.shape
+        block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+        num_blocks = -(-max(seq_lens_cpu) // block_size)
+        keys = gather_kv(k_cache, block_tables, num_blocks).transpose(1, 2)  # [B, Hkv, L, D]
+        values = gather_kv(v_cache, block_tables, num_blocks).transpose(1, 2)
+        # GQA without repeating K/V: the G query heads sharing a KV head act as G queries of it.
+        queries = q.view(batch, kv_heads, num_heads // kv_heads, dim)
+        positions = torch.arange(keys.shape[2], device=q.device)
+        mask = (positions[None, :] < seq_lens.to(q.device)[:, None])[:, None, None, :]  # [B, 1, 1, L]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
+        return out.reshape(batch, num_heads, dim)
+
+    @staticmethod
+    def _prefill(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        seq_len: int,
+        scale: float,
+    ) -> torch.Tensor:
+        """One sequence: q/k/v [Lq, H, D] for its new tokens, `seq_len - Lq` tokens already cached."""
+        q_len = q.shape[0]
+        cached = seq_len - q_len
+        queries = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
+        if cached == 0:  # nothing cached before: the new K/V are the whole context
+            keys, values, mask, causal = k, v, None, True
+        else:
+            num_blocks = -(-seq_len // k_cache.shape[1])
+            keys = gather_kv(k_cache, block_table, num_blocks)[0, :seq_len]
+            values = gather_kv(v_cache, block_table, num_blocks)[0, :seq_len]
+            # causal, offset by the cached prefix: query i sits at absolute position cached + i
+            rows = torch.arange(q_len, device=q.device)[:, None] + cached
+            mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= rows, False
+        out = F.scaled_dot_product_attention(
+            queries,
+            keys.transpose(0, 1).unsqueeze(0),
+            values.transpose(0, 1).unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            scale=scale,
+            enable_gqa=True,
+        )
+        return out[0].transpose(0, 1)

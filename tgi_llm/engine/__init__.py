@@ -1,0 +1,12 @@
+"""TGI's router in one process: validation, queue, scheduler, KV blocks and the batching loop."""
+
+from tgi_llm.engine.builder import build_engine
+from tgi_llm.engine.engine import Engine, RequestHandle
+from tgi_llm.engine.limits import LimitOptions, Limits
+from tgi_llm.engine.options import EngineOptions
+from tgi_llm.engine.stats import EngineStats, StepStats
+
+__all__ = [
+    "Engine", "EngineOptions", "EngineStats", "LimitOptions", "Limits", "RequestHandle", "StepStats",
+    "build_engine",
+]

@@ -1,0 +1,93 @@
+"""Build a ready engine from options: resolve weights, load model and tokenizer, size the KV cache."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from tgi_llm.engine.engine import Engine
+from tgi_llm.engine.limits import check_static_limits, resolve_limits
+from tgi_llm.engine.options import EngineOptions
+
+logger = logging.getLogger(__name__)
+
+#: KV-cache budget on the CPU when none is given: enough for ~46k tokens of the default model.
+DEFAULT_CPU_KV_CACHE_GB = 2.0
+#: On CUDA, the share of free memory (after the weights) given to the KV cache, as TGI's
+#: `--cuda-memory-fraction` leaves room for activations.
+CUDA_KV_CACHE_FRACTION = 0.8
+
+
+def resolve_device_and_dtype(opts: EngineOptions) -> tuple[torch.device, torch.dtype]:
+    device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    name = opts.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    return device, getattr(torch, name)
+
+
+def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
+    """Every EOS id the generation config names, plus the tokenizer's own."""
+    ids: set[int] = set()
+    path = model_dir / "generation_config.json"
+    if path.exists():
+        eos = json.loads(path.read_text()).get("eos_token_id")
+        ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device) -> int:
+    if opts.kv_cache_memory_gb is not None:
+        return int(opts.kv_cache_memory_gb * 2**30)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * CUDA_KV_CACHE_FRACTION)
+    return int(DEFAULT_CPU_KV_CACHE_GB * 2**30)
+
+
+def build_engine(opts: EngineOptions) -> Engine:
+    # Imported here so that `tgi_llm.engine` stays importable (and testable) without a model.
+    from transformers import AutoTokenizer
+
+    from tgi_llm.attention import preferred_block_size
+    from tgi_llm.kv_cache import allocate_kv_cache
+    from tgi_llm.models.config import kv_cache_bytes_per_token
+    from tgi_llm.models.llama import load_model
+    from tgi_llm.runner.model_runner import ModelRunner
+    from tgi_llm.weights import resolve_model_dir
+
+    check_static_limits(opts.limits)  # fail before spending time on weights
+    device, dtype = resolve_device_and_dtype(opts)
+    if device.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
+        torch.set_num_threads(os.cpu_count() or 1)
+    model_dir = resolve_model_dir(opts.model_id)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, config = load_model(model_dir, dtype=dtype, device=device)
+    block_size = opts.limits.block_size
+    if block_size == 16 and preferred_block_size(device) != 16:
+        block_size = preferred_block_size(device)
+        logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
+    per_token = kv_cache_bytes_per_token(config, dtype)
+    kv_tokens = kv_cache_budget_bytes(opts, device) // per_token
+    from dataclasses import replace
+
+    limits = resolve_limits(replace(opts.limits, block_size=block_size), config.max_position_embeddings,
+                            kv_tokens)
+    kv_caches = allocate_kv_cache(config, limits.num_blocks, block_size, dtype, device)
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%.2f GiB, %d bytes/token)", limits.num_blocks, block_size,
+        limits.num_blocks * block_size * per_token / 2**30, per_token,
+    )
+    runner = ModelRunner(model, kv_caches, block_size, config.vocab_size, device)
+    return Engine(tokenizer, limits, runner, eos_token_ids(model_dir, tokenizer),
+                  model_id=opts.model_id or _default_model_id())
+
+
+def _default_model_id() -> str:
+    from tgi_llm.weights import DEFAULT_MODEL_ID
+
+    return DEFAULT_MODEL_ID

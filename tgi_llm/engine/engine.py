@@ -1,0 +1,221 @@
+"""The engine: validate, queue, schedule, run one mixed prefill/decode forward per step, emit events.
+
+One thread runs the loop. `submit` and `cancel` may be called from any thread; they only touch
+the inbox. Events are delivered through each request's `on_event` callback on the engine thread,
+so callbacks must not block (the Triton adapter queues them for its responder thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence as Seq
+from dataclasses import dataclass
+from typing import Any
+
+from tgi_llm.engine.block_allocator import BlockAllocator
+from tgi_llm.engine.limits import Limits
+from tgi_llm.engine.postprocess import Postprocessor
+from tgi_llm.engine.runner_protocol import Runner
+from tgi_llm.engine.scheduler import Scheduler, SchedulerOutput
+from tgi_llm.engine.sequence import Sequence
+from tgi_llm.engine.stats import EngineStats, StepStats
+from tgi_llm.engine.validation import Validator
+from tgi_llm.errors import CancelledError, GenerationError, OverloadedError, ShutdownError, TgiError
+from tgi_llm.events import ErrorEvent, Event
+from tgi_llm.request import ValidRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestHandle:
+    request_id: int
+    _engine: Engine
+
+    def cancel(self) -> None:
+        self._engine.cancel(self.request_id)
+
+
+class Engine:
+    """Wires validator, scheduler, runner and postprocessor; use `tgi_llm.engine.build_engine`."""
+
+    def __init__(self, tokenizer: Any, limits: Limits, runner: Runner, eos_token_ids: set[int],
+                 model_id: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+        self.model_id = model_id
+        self.runner = runner
+        self.validator = Validator(tokenizer, limits)
+        self.allocator = BlockAllocator(limits.num_blocks, limits.block_size)
+        self.scheduler = Scheduler(limits, self.allocator)
+        self.postprocessor = Postprocessor(tokenizer, eos_token_ids)
+        self._ids = itertools.count(1)
+        self._cond = threading.Condition()
+        self._inbox: deque[Sequence] = deque()
+        self._cancels: deque[int] = deque()
+        self._live: dict[int, Sequence] = {}  # every request between submit and its final event
+        self._step_stats: deque[StepStats] = deque(maxlen=4096)
+        self._running = False
+        self._thread: threading.Thread | None = None
+        self._batch_size = 0
+        self._batch_max_tokens = 0
+        self.healthy = True
+
+    @classmethod
+    def from_options(cls, options: Any) -> Engine:
+        """Load the model and size the cache from EngineOptions (see builder.build_engine)."""
+        from tgi_llm.engine.builder import build_engine
+
+        return build_engine(options)
+
+    # ---- public API (any thread) ----
+    def validate(self, inputs: str | Seq[int], params: Mapping[str, Any] | None = None,
+                 stream: bool = False) -> ValidRequest:
+        return self.validator.validate(inputs, params, stream=stream)
+
+    def submit(self, request: ValidRequest, on_event: Callable[[Event], None]) -> RequestHandle:
+        with self._cond:
+            if not self._running:
+                raise ShutdownError()
+            if len(self._live) >= self.limits.max_concurrent_requests:
+                raise OverloadedError()
+            seq = Sequence(next(self._ids), request, on_event)
+            self._live[seq.request_id] = seq
+            self._inbox.append(seq)
+            self._cond.notify()
+        return RequestHandle(seq.request_id, self)
+
+    def cancel(self, request_id: int) -> None:
+        with self._cond:
+            self._cancels.append(request_id)
+            self._cond.notify()
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            queue_size=len(self.scheduler.waiting) + len(self._inbox),
+            batch_size=self._batch_size,
+            batch_max_tokens=self._batch_max_tokens,
+            kv_blocks_total=self.allocator.num_blocks,
+            kv_blocks_free=self.allocator.num_free,
+            running=len(self._live),
+        )
+
+    def drain_step_stats(self) -> list[StepStats]:
+        """Per-step timings since the last call (for metrics, read off the engine thread)."""
+        out = []
+        while self._step_stats:
+            out.append(self._step_stats.popleft())
+        return out
+
+    def start(self) -> None:
+        with self._cond:
+            if self._running:
+                return
+            self._running = True
+        self._thread = threading.Thread(target=self._loop, name="tgi-engine", daemon=True)
+        self._thread.start()
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop the loop; every request still in flight ends with a ShutdownError event."""
+        with self._cond:
+            self._running = False
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        self._fail_all(ShutdownError())
+        self.runner.close()
+
+    # ---- engine thread ----
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while self._running and not self._inbox and not self._cancels \
+                            and not self.scheduler.has_work():
+                        self._cond.wait()
+                    if not self._running:
+                        return
+                    new = list(self._inbox)
+                    self._inbox.clear()
+                    cancels = list(self._cancels)
+                    self._cancels.clear()
+                for seq in new:
+                    self.scheduler.add(seq)
+                for request_id in cancels:
+                    self._cancel_now(request_id)
+                self.step()
+        except BaseException as exc:  # the loop must never die silently: fail every request
+            logger.exception("Engine loop crashed")
+            self.healthy = False
+            with self._cond:
+                self._running = False
+            self._fail_all(GenerationError(f"Engine loop crashed: {exc}"))
+
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        out = self.scheduler.schedule()
+        self._batch_size = len(self.scheduler.running)
+        self._batch_max_tokens = self.scheduler.batch_max_tokens
+        if out.is_empty:
+            return
+        now = time.monotonic()
+        for seq in out.prefill:
+            seq.admitted_at = now
+            self.postprocessor.admit(seq)
+        batch = out.prefill + out.decode
+        t1 = time.perf_counter()
+        try:
+            results = self.runner.execute(batch)
+        except Exception as exc:  # a failed forward ends the requests in it, nothing else
+            logger.exception("Forward failed for %d sequences", len(batch))
+            for seq in batch:
+                self._end(seq, ErrorEvent(seq.request_id, GenerationError(str(exc) or repr(exc))))
+            return
+        t2 = time.perf_counter()
+        for seq, result in zip(batch, results, strict=True):
+            token_event, final = self.postprocessor.process(seq, result)
+            self._emit(seq, token_event)
+            if final is not None:
+                self._end(seq, final)
+        t3 = time.perf_counter()
+        self._record(out, t1 - t0 + (t3 - t2), t2 - t1)
+
+    def _record(self, out: SchedulerOutput, bookkeeping_s: float, forward_s: float) -> None:
+        self._step_stats.append(StepStats(
+            method="prefill" if out.prefill else "decode", batch_size=len(out.prefill) + len(out.decode),
+            num_tokens=out.num_tokens, num_prefill=len(out.prefill), forward_s=forward_s,
+            bookkeeping_s=bookkeeping_s,
+        ))
+
+    def _cancel_now(self, request_id: int) -> None:
+        seq = self._live.get(request_id)
+        if seq is not None:
+            self._end(seq, ErrorEvent(request_id, CancelledError()))
+
+    def _end(self, seq: Sequence, event: Event) -> None:
+        """The one place a request leaves the engine: blocks freed, state dropped, final event sent."""
+        self.scheduler.finish(seq)
+        self.runner.release(seq.request_id)
+        self.postprocessor.release(seq)
+        with self._cond:
+            self._live.pop(seq.request_id, None)
+        self._emit(seq, event)
+
+    def _fail_all(self, error: TgiError) -> None:
+        with self._cond:
+            pending = list(self._live.values())
+            self._inbox.clear()
+        for seq in pending:
+            self._end(seq, ErrorEvent(seq.request_id, error))
+
+    @staticmethod
+    def _emit(seq: Sequence, event: Event) -> None:
+        try:
+            seq.on_event(event)
+        except Exception:  # a broken callback must not take the engine down
+            logger.exception("on_event callback failed for request %d", seq.request_id)

@@ -1,0 +1,130 @@
+"""Start-up limits, resolved and checked the way TGI's launcher does it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+from tgi_llm.errors import ArgumentValidationError
+
+logger = logging.getLogger(__name__)
+
+#: TGI caps its default context at 4096 tokens to leave KV memory for more users.
+DEFAULT_MAX_TOTAL_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class LimitOptions:
+    """What the operator asked for; None means "derive it as TGI does"."""
+
+    max_concurrent_requests: int = 128
+    max_best_of: int = 2
+    max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
+    max_input_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_batch_prefill_tokens: int | None = None
+    max_batch_total_tokens: int | None = None
+    waiting_served_ratio: float = 0.3
+    max_waiting_tokens: int = 20
+    max_batch_size: int | None = None
+    block_size: int = 16
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every limit with a value; the scheduler and validator read only this."""
+
+    max_concurrent_requests: int
+    max_best_of: int
+    max_stop_sequences: int
+    max_top_n_tokens: int
+    max_input_tokens: int
+    max_total_tokens: int
+    max_batch_prefill_tokens: int
+    max_batch_total_tokens: int
+    waiting_served_ratio: float
+    max_waiting_tokens: int
+    max_batch_size: int | None
+    block_size: int
+
+    @property
+    def num_blocks(self) -> int:
+        return self.max_batch_total_tokens // self.block_size
+
+
+def _fail(message: str) -> None:
+    raise ArgumentValidationError(message)
+
+
+def check_static_limits(opts: LimitOptions) -> None:
+    """The checks that need no model: TGI's launcher messages, naming both values."""
+    mit, mtt = opts.max_input_tokens, opts.max_total_tokens
+    if mit is not None and mtt is not None and mit >= mtt:
+        _fail(f"`max_input_tokens`({mit}) must be < `max_total_tokens`({mtt})")
+    prefill, total = opts.max_batch_prefill_tokens, opts.max_batch_total_tokens
+    if mit is not None and prefill is not None and mit > prefill:
+        _fail(f"`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: {prefill} and {mit}")
+    if prefill is not None and total is not None and prefill > total:
+        _fail(f"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: {prefill} and {total}")
+    if mtt is not None and total is not None and mtt > total:
+        _fail(f"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: {mtt} and {total}")
+    for name in ("max_concurrent_requests", "max_waiting_tokens", "block_size"):
+        if getattr(opts, name) <= 0:
+            _fail(f"`{name}` must be > 0. Given: {getattr(opts, name)}")
+    for name in ("max_best_of", "max_stop_sequences", "max_top_n_tokens"):
+        if getattr(opts, name) < 0:
+            _fail(f"`{name}` must be >= 0. Given: {getattr(opts, name)}")
+    if opts.max_best_of < 1:
+        _fail(f"`max_best_of` must be >= 1. Given: {opts.max_best_of}")
+    if not 0.0 <= opts.waiting_served_ratio:
+        _fail(f"`waiting_served_ratio` must be >= 0. Given: {opts.waiting_served_ratio}")
+    if opts.max_batch_size is not None and opts.max_batch_size <= 0:
+        _fail(f"`max_batch_size` must be > 0. Given: {opts.max_batch_size}")
+
+
+def resolve_limits(
+    opts: LimitOptions, max_position_embeddings: int | None, kv_cache_tokens: int | None
+) -> Limits:
+    """Fill the unset limits as TGI does, then check every combination.
+
+    `kv_cache_tokens` is how many tokens the KV-cache memory budget holds (TGI's warm-up
+    measures this); it becomes `max_batch_total_tokens` when the operator did not set one.
+    """
+    check_static_limits(opts)
+    max_default = DEFAULT_MAX_TOTAL_TOKENS
+    if max_position_embeddings is not None:
+        max_default = min(max_default, max_position_embeddings)
+    mtt = opts.max_total_tokens
+    mit = opts.max_input_tokens
+    if mtt is None:
+        mtt = mit + 1 if mit is not None and mit >= max_default else max_default
+    if mit is None:
+        mit = mtt - 1
+    prefill = opts.max_batch_prefill_tokens
+    if prefill is None:
+        prefill = mit + 50  # TGI: "a bit of room" above the longest prompt
+    total = opts.max_batch_total_tokens
+    if total is None:
+        if kv_cache_tokens is None:
+            _fail("`max_batch_total_tokens` must be set when the KV-cache budget is unknown")
+        total = kv_cache_tokens
+        if prefill > total and opts.max_batch_prefill_tokens is None:
+            prefill = max(mit, total)
+        if mtt > total:
+            _fail(
+                f"Not enough KV-cache memory: `max_total_tokens` ({mtt}) does not fit in the "
+                f"{total} tokens the cache holds; lower `--max-total-tokens` or raise the KV-cache budget"
+            )
+        logger.info("Setting max batch total tokens to %d", total)
+    total -= total % opts.block_size
+    resolved = replace(
+        opts, max_input_tokens=mit, max_total_tokens=mtt, max_batch_prefill_tokens=prefill,
+        max_batch_total_tokens=total,
+    )
+    check_static_limits(resolved)
+    if max_position_embeddings is not None and mtt > max_position_embeddings:
+        logger.warning(
+            "`max_total_tokens` (%d) exceeds the model's max_position_embeddings (%d)", mtt, max_position_embeddings
+        )
+    return Limits(**{f: getattr(resolved, f) for f in Limits.__dataclass_fields__})

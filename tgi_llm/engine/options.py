@@ -1,0 +1,60 @@
+"""Everything an engine is built from: the model, its dtype and device, and the limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from tgi_llm.engine.limits import LimitOptions
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    model_id: str | None = None  # None: the default model (SmolLM2-135M-Instruct)
+    dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
+    device: str | None = None  # None: cuda when available, else cpu
+    kv_cache_memory_gb: float | None = None  # None: derived from free memory
+    num_shard: int = 1
+    limits: LimitOptions = field(default_factory=LimitOptions)
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"`dtype` must be one of {', '.join(DTYPES)}. Given: {self.dtype}")
+        if self.num_shard < 1:
+            raise ValueError(f"`num_shard` must be >= 1. Given: {self.num_shard}")
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, Any]) -> EngineOptions:
+        """Build from string key/values (Triton config parameters, env); empty strings mean unset."""
+        values: dict[str, Any] = {}
+        limits: dict[str, Any] = {}
+        types = {f.name: f.type for f in fields(cls)} | {
+            f.name: f.type for f in fields(LimitOptions)
+        }
+        for key, raw in params.items():
+            if key not in types or raw is None or (isinstance(raw, str) and raw.strip() == ""):
+                continue
+            value = _parse(key, str(types[key]), raw)
+            (limits if key in LimitOptions.__dataclass_fields__ else values)[key] = value
+        return cls(**values, limits=LimitOptions(**limits))
+
+    def to_parameters(self) -> dict[str, str]:
+        """The inverse of from_parameters (unset values are left out)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "limits"}
+        out |= {f.name: getattr(self.limits, f.name) for f in fields(self.limits)}
+        return {k: str(v) for k, v in out.items() if v is not None}
+
+
+def _parse(key: str, type_name: str, raw: Any) -> Any:
+    if not isinstance(raw, str):
+        return raw
+    try:
+        if "int" in type_name:
+            return int(raw)
+        if "float" in type_name:
+            return float(raw)
+    except ValueError:
+        raise ValueError(f"`{key}` must be a number. Given: {raw!r}") from None
+    return raw

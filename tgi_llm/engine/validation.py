@@ -1,0 +1,192 @@
+"""Request validation with TGI's rules and wording: one message per rule, naming field and limit."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tgi_llm.engine.limits import Limits
+from tgi_llm.errors import ValidationError
+from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
+
+#: Parameters TGI accepts that change nothing here, or that we accept at their neutral value only.
+_IGNORED = {"watermark", "adapter_id"}
+_KNOWN = {
+    "best_of", "temperature", "repetition_penalty", "frequency_penalty", "top_k", "top_p", "typical_p",
+    "do_sample", "max_new_tokens", "return_full_text", "stop", "truncate", "seed", "details",
+    "decoder_input_details", "top_n_tokens", "grammar", "ignore_eos", "stream",
+} | _IGNORED
+_U64_MAX = 2**64 - 1
+
+
+def _number(params: Mapping[str, Any], name: str) -> float | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(f"`{name}` must be a number. Given: {value!r}")
+    return float(value)
+
+
+def _integer(params: Mapping[str, Any], name: str) -> int | None:
+    value = params.get(name)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(f"`{name}` must be an integer. Given: {value!r}")
+    return value
+
+
+def _flag(params: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    value = params.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ValidationError(f"`{name}` must be a boolean. Given: {value!r}")
+    return value
+
+
+def _stop_sequences(params: Mapping[str, Any]) -> tuple[str, ...]:
+    stop = params.get("stop")
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise ValidationError(f"`stop` must be a list of strings. Given: {stop!r}")
+    return tuple(s for s in stop if s)
+
+
+class Validator:
+    """Turns (inputs, TGI parameters) into a ValidRequest or raises ValidationError."""
+
+    def __init__(self, tokenizer: Any, limits: Limits) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def validate(
+        self, inputs: str | Sequence[int], params: Mapping[str, Any] | None = None, stream: bool = False
+    ) -> ValidRequest:
+        params = dict(params or {})
+        lim = self.limits
+        sampling = self._sampling(params)
+        best_of = _integer(params, "best_of")
+        if best_of is not None and best_of != 1:
+            if best_of <= 0 or best_of > lim.max_best_of:
+                raise ValidationError(f"`best_of` must be > 0 and <= {lim.max_best_of}. Given: {best_of}")
+            raise ValidationError("`best_of` != 1 is not allowed for this endpoint")
+        top_n_tokens = _integer(params, "top_n_tokens") or 0
+        if top_n_tokens < 0 or top_n_tokens > lim.max_top_n_tokens:
+            raise ValidationError(
+                f"`top_n_tokens` must be >= 0 and <= {lim.max_top_n_tokens}. Given: {top_n_tokens}"
+            )
+        decoder_input_details = _flag(params, "decoder_input_details")
+        if decoder_input_details and (stream or _flag(params, "stream")):
+            raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens")
+        if params.get("grammar") is not None:
+            raise ValidationError("grammar is not supported")
+        stop = _stop_sequences(params)
+        if len(stop) > lim.max_stop_sequences:
+            raise ValidationError(
+                f"`stop` supports up to {lim.max_stop_sequences} stop sequences. Given: {len(stop)}"
+            )
+        max_new_tokens = _integer(params, "max_new_tokens")
+        if max_new_tokens is not None and max_new_tokens <= 0:
+            raise ValidationError("`max_new_tokens` must be strictly positive")
+        truncate = _integer(params, "truncate")
+        if truncate is not None and (truncate <= 0 or truncate > lim.max_input_tokens):
+            raise ValidationError(
+                f"`truncate` must be strictly positive and less than {lim.max_input_tokens}. Given: {truncate}"
+            )
+
+        input_text, input_ids = self._input_ids(inputs)
+        if truncate is not None and len(input_ids) > truncate:
+            input_ids = input_ids[-truncate:]  # TGI truncates from the left: the end of a prompt matters most
+        input_length = len(input_ids)
+        if input_length > lim.max_input_tokens:
+            raise ValidationError(
+                f"`inputs` must have less than {lim.max_input_tokens} tokens. Given: {input_length}"
+            )
+        if max_new_tokens is None:
+            max_new_tokens = lim.max_total_tokens - input_length  # "up to the limit", as TGI v3
+        if input_length + max_new_tokens > lim.max_total_tokens:
+            raise ValidationError(
+                f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
+                f"Given: {input_length} `inputs` tokens and {max_new_tokens} `max_new_tokens`"
+            )
+        return ValidRequest(
+            input_ids=tuple(input_ids),
+            sampling=sampling,
+            stopping=StoppingParams(
+                max_new_tokens=max_new_tokens, stop_sequences=stop, ignore_eos=_flag(params, "ignore_eos")
+            ),
+            top_n_tokens=top_n_tokens,
+            details=_flag(params, "details"),
+            decoder_input_details=decoder_input_details,
+            return_full_text=_flag(params, "return_full_text"),
+            input_text=input_text,
+        )
+
+    def _input_ids(self, inputs: str | Sequence[int]) -> tuple[str | None, list[int]]:
+        if isinstance(inputs, str):
+            if not inputs:
+                raise ValidationError("`inputs` cannot be empty")
+            return inputs, self.tokenize(inputs)
+        ids = list(inputs)
+        if not ids:
+            raise ValidationError("`inputs` cannot be empty")
+        vocab = len(self.tokenizer)
+        for token_id in ids:
+            if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < vocab:
+                raise ValidationError(f"`inputs` token ids must be integers in [0, {vocab}). Given: {token_id!r}")
+        return None, ids
+
+    def _sampling(self, params: Mapping[str, Any]) -> SamplingParams:
+        temperature = _number(params, "temperature")
+        if temperature is not None and temperature <= 0.0:
+            raise ValidationError("`temperature` must be strictly positive")
+        repetition_penalty = _number(params, "repetition_penalty")
+        if repetition_penalty is not None and repetition_penalty <= 0.0:
+            raise ValidationError("`repetition_penalty` must be strictly positive")
+        frequency_penalty = _number(params, "frequency_penalty")
+        if frequency_penalty is not None and not -2.0 <= frequency_penalty <= 2.0:
+            raise ValidationError("`frequency_penalty` must be >= -2.0 and <= 2.0")
+        top_p = _number(params, "top_p")
+        if top_p is not None and (top_p <= 0.0 or top_p > 1.0):
+            raise ValidationError("`top_p` must be > 0.0 and < 1.0")
+        typical_p = _number(params, "typical_p")
+        if typical_p is not None and (typical_p <= 0.0 or typical_p > 1.0):
+            raise ValidationError("`typical_p` must be > 0.0 and < 1.0")
+        top_k = _integer(params, "top_k")
+        if top_k is not None and top_k <= 0:
+            raise ValidationError("`top_k` must be strictly positive")
+        seed = _integer(params, "seed")
+        if seed is not None and not 0 <= seed <= _U64_MAX:
+            raise ValidationError(f"`seed` must be >= 0 and <= {_U64_MAX}. Given: {seed}")
+        temperature = 1.0 if temperature is None else temperature
+        top_p = 1.0 if top_p is None else top_p
+        typical_p = 1.0 if typical_p is None else typical_p
+        top_k = top_k or 0
+        # TGI samples as soon as any warper is set, even without do_sample.
+        has_warpers = temperature != 1.0 or top_k != 0 or top_p < 1.0 or typical_p < 1.0
+        return SamplingParams(
+            do_sample=_flag(params, "do_sample") or has_warpers,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            typical_p=typical_p,
+            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            frequency_penalty=0.0 if frequency_penalty is None else frequency_penalty,
+            seed=random.getrandbits(64) if seed is None else seed,
+        )
+
+
+def unknown_parameters(params: Mapping[str, Any]) -> list[str]:
+    """Names a caller sent that TGI does not know (the front ends log them)."""
+    return sorted(set(params) - _KNOWN)

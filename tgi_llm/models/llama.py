@@ -1,0 +1,194 @@
+"""Llama-family causal LM (Llama, Mistral, Qwen2) over a flat, unpadded, paged batch.
+
+q/k/v and gate/up are fused into one matmul each at load time. Every linear weight is read
+through `load_linear`, which takes a `Shard`: column-parallel (q/k/v, gate/up) splits output rows,
+row-parallel (o, down) splits input columns, vocab-parallel splits embedding/lm_head rows. Today
+the model runs with `NO_SHARD`; tensor parallelism adds all-reduces after the row-parallel ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tgi_llm.attention import AttentionBackend, select_attention_backend
+from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.models.config import ModelConfig
+from tgi_llm.models.rope import RotaryEmbedding, apply_rotary
+from tgi_llm.weights.safetensors_loader import NO_SHARD, SafetensorsWeights, Shard
+
+logger = logging.getLogger(__name__)
+
+Parallel = Literal["column", "row", "vocab", "replicated"]
+_SPLIT_DIM: dict[str, int | None] = {"column": 0, "vocab": 0, "row": 1, "replicated": None}
+
+
+def load_linear(
+    weights: SafetensorsWeights,
+    prefixes: list[str],
+    parallel: Parallel,
+    bias: bool = False,
+    shard: Shard = NO_SHARD,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weight (and bias) of one linear, fusing `prefixes` along the output dim (each split first, so a
+    rank's fused q/k/v is its own q, k and v slices back to back). Row-parallel bias lives on rank 0
+    only since the partial outputs are summed."""
+    dim = _SPLIT_DIM[parallel]
+    weight = torch.cat([weights.load_sharded(f"{p}.weight", dim, shard) for p in prefixes], dim=0)
+    if not bias:
+        return weight, None
+    if parallel == "row":
+        b = weights.get_tensor(f"{prefixes[0]}.bias")
+        return weight, b if shard.rank == 0 else torch.zeros_like(b)
+    return weight, torch.cat([weights.load_sharded(f"{p}.bias", 0, shard) for p in prefixes], dim=0)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # in float32 like transformers, so bf16/fp16 models normalize the same way
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class Linear(nn.Module):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, weights: SafetensorsWeights, index: int, shard: Shard) -> None:
+        super().__init__()
+        p = f"model.layers.{index}"
+        attn, mlp = f"{p}.self_attn", f"{p}.mlp"
+        self.num_heads = config.num_attention_heads // shard.world_size
+        self.num_kv_heads = config.num_key_value_heads // shard.world_size
+        self.head_dim = config.head_dim
+        self.scale = config.head_dim**-0.5
+        eps = config.rms_norm_eps
+        self.input_norm = RMSNorm(weights.get_tensor(f"{p}.input_layernorm.weight"), eps)
+        self.post_attention_norm = RMSNorm(weights.get_tensor(f"{p}.post_attention_layernorm.weight"), eps)
+        qkv_names = [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"]
+        self.qkv = Linear(*load_linear(weights, qkv_names, "column", config.qkv_bias, shard))
+        self.o_proj = Linear(*load_linear(weights, [f"{attn}.o_proj"], "row", config.o_bias, shard))
+        gate_up = [f"{mlp}.gate_proj", f"{mlp}.up_proj"]
+        self.gate_up = Linear(*load_linear(weights, gate_up, "column", config.mlp_bias, shard))
+        self.down = Linear(*load_linear(weights, [f"{mlp}.down_proj"], "row", config.mlp_bias, shard))
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attn: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv(self.input_norm(hidden)).split([q_size, kv_size, kv_size], dim=-1)
+        q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
+        k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale)
+        hidden = hidden + self.o_proj(o.reshape(tokens, q_size))
+
+        gate, up = self.gate_up(self.post_attention_norm(hidden)).chunk(2, dim=-1)
+        return hidden + self.down(F.silu(gate) * up)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: SafetensorsWeights,
+        shard: Shard = NO_SHARD,
+        attention_backend: AttentionBackend | None = None,
+    ) -> None:
+        super().__init__()
+        if shard.world_size != 1:
+            raise NotImplementedError("tensor parallelism is not wired yet (loader supports slices)")
+        self.config = config
+        self.embed_tokens = nn.Parameter(
+            weights.load_sharded("model.embed_tokens.weight", 0, shard), requires_grad=False
+        )
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, weights, i, shard) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(weights.get_tensor("model.norm.weight"), config.rms_norm_eps)
+        if config.tie_word_embeddings or "lm_head.weight" not in weights:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = nn.Parameter(weights.load_sharded("lm_head.weight", 0, shard), requires_grad=False)
+        self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
+        self.attention_backend = attention_backend
+
+    def _apply(self, fn, recurse: bool = True):  # keep rope frequencies on the model's device
+        result = super()._apply(fn, recurse)
+        self.rotary.to(self.embed_tokens.device)
+        return result
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Final-norm hidden states [T, H] for a flat batch of T new tokens."""
+        if self.attention_backend is None:
+            self.attention_backend = select_attention_backend(input_ids.device, attn.block_size)
+        token_seq_lens = None
+        if self.rotary.needs_seq_lens:
+            query_lens = torch.tensor(attn.query_lens_cpu, device=input_ids.device)
+            token_seq_lens = torch.repeat_interleave(attn.seq_lens.to(input_ids.device), query_lens)
+        cos, sin = self.rotary.cos_sin(positions, token_seq_lens)
+        hidden = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            hidden = layer(hidden, cos, sin, kv_cache, attn, self.attention_backend)
+        return self.norm(hidden)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 logits [N, V] for the rows the sampler needs."""
+        return F.linear(hidden, self.lm_head).float()
+
+
+def load_model(
+    model_dir: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    attention_backend: AttentionBackend | None = None,
+) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """Build the model from a HF directory. With no backend given, one is picked on the first forward
+    (it depends on the KV block size, which the runner decides)."""
+    config = ModelConfig.from_model_dir(model_dir)
+    weights = SafetensorsWeights(model_dir)
+    model = LlamaForCausalLM(config, weights, attention_backend=attention_backend)
+    model = model.to(device=device, dtype=dtype).eval()
+    logger.info(
+        "loaded %s (%s, %d layers, hidden %d) as %s on %s",
+        model_dir,
+        config.model_type,
+        config.num_hidden_layers,
+        config.hidden_size,
+        dtype,
+        device,
+    )
+    return model, config

@@ -1,0 +1,172 @@
+"""Rotary position embeddings: the HF rope variants, computed from positions on the fly.
+
+cos/sin are built once per forward (shared by all layers) from the token positions, so
+there is no cache to grow and a flat batch of unrelated sequences costs nothing extra.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn: cos/sin scale; None = derived from factor
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any]) -> RopeConfig:
+        """From config.json: transformers 5 writes `rope_parameters`, older configs `rope_theta` +
+        `rope_scaling` (with `type` or `rope_type`)."""
+        params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope type {rope_type!r} not supported (supported: {SUPPORTED_ROPE_TYPES})")
+        if params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+            raise ValueError("partial_rotary_factor != 1 is not supported")
+        orig = params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        if rope_type in ("llama3", "yarn") and orig is None:
+            orig = cfg.get("max_position_embeddings")
+
+        def num(key: str, default: float | None) -> float | None:
+            value = params.get(key)
+            return default if value is None else float(value)
+
+        factor = num("factor", 1.0)
+        if rope_type == "yarn" and params.get("factor") is None and orig:
+            factor = cfg["max_position_embeddings"] / orig
+        return cls(
+            theta=float(theta),
+            rope_type=rope_type,
+            factor=float(factor),
+            original_max_position_embeddings=orig,
+            low_freq_factor=float(num("low_freq_factor", 1.0)),
+            high_freq_factor=float(num("high_freq_factor", 4.0)),
+            beta_fast=float(num("beta_fast", 32.0)),
+            beta_slow=float(num("beta_slow", 1.0)),
+            attention_factor=num("attention_factor", None),
+            mscale=num("mscale", None),
+            mscale_all_dim=num("mscale_all_dim", None),
+            truncate=bool(params.get("truncate", True)),
+        )
+
+
+def _base_inv_freq(theta: float | torch.Tensor, dim: int) -> torch.Tensor:
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim
+    return 1.0 / (theta**exponents)
+
+
+def _llama3_inv_freq(rope: RopeConfig, dim: int) -> torch.Tensor:
+    inv_freq = _base_inv_freq(rope.theta, dim)
+    old_ctx = rope.original_max_position_embeddings
+    low_wavelen = old_ctx / rope.low_freq_factor
+    high_wavelen = old_ctx / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_ctx / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
+    def get_mscale(scale: float, mscale: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    factor, base = rope.factor, rope.theta
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        if rope.mscale and rope.mscale_all_dim:
+            attention_factor = get_mscale(factor, rope.mscale) / get_mscale(factor, rope.mscale_all_dim)
+        else:
+            attention_factor = get_mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        orig = rope.original_max_position_embeddings
+        return (dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # avoid a zero-width ramp
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(torch.float32) / dim)
+    extrapolation = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    return inv_freq, float(attention_factor)
+
+
+class RotaryEmbedding:
+    """Neox-style (rotate-half) RoPE over [T, heads, head_dim] tensors."""
+
+    def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int, device=None) -> None:
+        self.rope = rope
+        self.dim = head_dim
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_scaling = 1.0
+        if rope.rope_type == "llama3":
+            inv_freq = _llama3_inv_freq(rope, head_dim)
+        elif rope.rope_type == "yarn":
+            inv_freq, self.attention_scaling = _yarn_inv_freq(rope, head_dim)
+        else:
+            inv_freq = _base_inv_freq(rope.theta, head_dim)
+            if rope.rope_type == "linear":
+                inv_freq = inv_freq / rope.factor
+        self.inv_freq = inv_freq.to(device)
+
+    def to(self, device) -> RotaryEmbedding:
+        self.inv_freq = self.inv_freq.to(device)
+        return self
+
+    def _dynamic_inv_freq(self, token_seq_lens: torch.Tensor) -> torch.Tensor:
+        """[T, dim/2]: each token's frequencies from its own sequence's length, as transformers does for
+        one sequence (base grows once the sequence passes max_position_embeddings), but per sequence so
+        that a token's rotation never depends on what else is in the batch."""
+        max_pos, factor = self.max_position_embeddings, self.rope.factor
+        seq_len = token_seq_lens.to(torch.float32).clamp(min=max_pos)
+        base = self.rope.theta * ((factor * seq_len / max_pos) - (factor - 1)) ** (self.dim / (self.dim - 2))
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.int64, device=base.device).float() / self.dim
+        return 1.0 / (base[:, None] ** exponents[None, :])
+
+    def cos_sin(
+        self, positions: torch.Tensor, token_seq_lens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """float32 cos and sin, each [T, head_dim/2]. `token_seq_lens` (the length of each token's
+        sequence) is needed by dynamic scaling only."""
+        if self.rope.rope_type == "dynamic" and token_seq_lens is not None:
+            freqs = positions.to(torch.float32)[:, None] * self._dynamic_inv_freq(token_seq_lens)
+        else:
+            freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        return freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+
+    @property
+    def needs_seq_lens(self) -> bool:
+        return self.rope.rope_type == "dynamic"
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos/sin: [T, D/2] float32. Same arithmetic as transformers' rotate_half form."""
+    half = x.shape[-1] // 2
+    cos = cos.to(x.dtype)[:, None, :]
+    sin = sin.to(x.dtype)[:, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

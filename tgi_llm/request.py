@@ -1,0 +1,51 @@
+"""A request after validation: what the scheduler, runner and sampler consume."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request logits processing. Neutral values disable a warper."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0  # 0: disabled
+    top_p: float = 1.0  # 1.0: disabled
+    typical_p: float = 1.0  # 1.0: disabled
+    repetition_penalty: float = 1.0  # 1.0: disabled
+    frequency_penalty: float = 0.0  # 0.0: disabled
+    seed: int = 0
+
+    @property
+    def is_greedy(self) -> bool:
+        return not self.do_sample
+
+
+@dataclass(frozen=True)
+class StoppingParams:
+    max_new_tokens: int
+    stop_sequences: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class ValidRequest:
+    """Everything the engine needs to run one generation; built only by `Validator`."""
+
+    input_ids: tuple[int, ...]
+    sampling: SamplingParams
+    stopping: StoppingParams
+    top_n_tokens: int = 0
+    details: bool = False
+    decoder_input_details: bool = False
+    return_full_text: bool = False
+    #: The prompt as text (None when the caller sent token ids); used for return_full_text.
+    input_text: str | None = None
+    #: Free-form tags the caller wants back in events (e.g. Triton's request id).
+    tags: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def input_length(self) -> int:
+        return len(self.input_ids)

@@ -1,0 +1,147 @@
+"""Convert a GGUF file into a plain HF model directory (dequantized safetensors + config + tokenizer).
+
+transformers can read GGUF but `save_pretrained` refuses a GGUF-quantized model, so the
+pieces are written by hand. Weights stay float32: dequantized GGUF values are exact there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+#: Written last into a converted dir; its presence marks a complete conversion.
+MARKER_FILE = "tgi_llm_gguf_source.json"
+
+#: PretrainedConfig bookkeeping that is noise in a written config.json (and the GGUF quantization
+#: entry, which would make loaders expect a GGUF file).
+_CONFIG_DROP = {
+    "quantization_config",
+    "_name_or_path",
+    "_model_name_or_path",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "return_dict",
+    "output_attentions",
+    "output_hidden_states",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+}
+
+
+@contextlib.contextmanager
+def _transformers_progress(enabled: bool) -> Iterator[None]:
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled and was_enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if not enabled and was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _phase(step: int, message: str, t0: float) -> None:
+    logger.info("GGUF conversion [%d/4] %s (%.1fs)", step, message, time.monotonic() - t0)
+
+
+def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
+    """Write a HF directory for `gguf_path` at `out_dir` (must not exist); atomic via a temp dir + rename."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path).resolve()
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = out_dir.parent / f".tmp-{out_dir.name}-{os.getpid()}"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    tmp_dir.mkdir()
+    t0 = time.monotonic()
+    try:
+        with _transformers_progress(progress):
+            _phase(1, f"dequantizing {gguf_path.name}", t0)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+            )
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        config = model.config
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+
+        _phase(2, "writing model.safetensors", t0)
+        state = {}
+        for name, tensor in tqdm(
+            model.state_dict().items(), desc="GGUF tensors", disable=not progress, unit="t", leave=False
+        ):
+            if tied and name == "lm_head.weight":
+                continue  # tied to the embedding; loaders re-tie it
+            state[name] = tensor.detach().to(torch.float32).contiguous()
+        save_file(state, str(tmp_dir / "model.safetensors"), metadata={"format": "pt"})
+        os.chmod(tmp_dir / "model.safetensors", 0o644)  # save_file makes it 0600; the cache may be shared
+        del state, model
+
+        _phase(3, "writing config.json and tokenizer", t0)
+        config_dict = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_DROP}
+        config_dict["dtype"] = "float32"
+        config_dict["architectures"] = config_dict.get("architectures") or [
+            type(config).__name__.replace("Config", "ForCausalLM")
+        ]
+        (tmp_dir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+        # chat_template inside tokenizer_config.json (not chat_template.jinja): older readers expect it there.
+        tokenizer.save_pretrained(str(tmp_dir), save_jinja_files=False)
+        _portable_tokenizer_config(tmp_dir / "tokenizer_config.json")
+        _write_generation_config(tmp_dir, config_dict, tokenizer)
+
+        _phase(4, f"finalizing {out_dir}", t0)
+        stat = gguf_path.stat()
+        marker = {"gguf": str(gguf_path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+        (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        try:
+            os.rename(tmp_dir, out_dir)
+        except OSError:
+            if not (out_dir / MARKER_FILE).is_file():
+                raise
+            shutil.rmtree(tmp_dir, ignore_errors=True)  # another process finished first: keep theirs
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
+    logger.info("GGUF conversion done in %.1fs: %s", time.monotonic() - t0, out_dir)
+    return out_dir
+
+
+def _portable_tokenizer_config(path: Path) -> None:
+    """transformers 5 names its fast tokenizer class `TokenizersBackend`; older readers (and TGI) know
+    it as `PreTrainedTokenizerFast`. Also drop load-time flags that leaked into the saved file."""
+    cfg = json.loads(path.read_text())
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for key in ("is_local", "local_files_only", "backend"):
+        cfg.pop(key, None)
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_generation_config(out_dir: Path, config: dict, tokenizer) -> None:
+    """eos/bos for the generation loop; the tokenizer's eos wins (for chat models it is the turn end)."""
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else config.get("eos_token_id")
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else config.get("bos_token_id")
+    gen: dict = {"_from_model_config": True}
+    if bos is not None:
+        gen["bos_token_id"] = bos
+    if eos is not None:
+        gen["eos_token_id"] = eos
+    pad = config.get("pad_token_id")
+    if pad is not None:
+        gen["pad_token_id"] = pad
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
