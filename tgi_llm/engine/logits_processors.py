@@ -11,25 +11,26 @@ from __future__ import annotations
 
 import torch
 
+Tensor = torch.Tensor
 _NEG_INF = float("-inf")
 
 
-def apply_repetition_penalty(scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+def apply_repetition_penalty(scores: Tensor, counts: Tensor, penalty: Tensor) -> Tensor:
     """CTRL penalty on every token seen at least once: score<0 ? score*p : score/p."""
     penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
     return torch.where(counts > 0, penalized, scores)
 
 
-def apply_frequency_penalty(scores: torch.Tensor, counts: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+def apply_frequency_penalty(scores: Tensor, counts: Tensor, penalty: Tensor) -> Tensor:
     """OpenAI frequency penalty: score -= penalty * count(token)."""
     return scores - counts * penalty
 
 
-def apply_temperature(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def apply_temperature(scores: Tensor, temperature: Tensor) -> Tensor:
     return scores / temperature
 
 
-def apply_top_k(scores: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+def apply_top_k(scores: Tensor, top_k: list[int]) -> Tensor:
     """Keep tokens scoring >= the k-th best (ties kept, as transformers); k=0 disables the row."""
     vocab = scores.shape[-1]
     ks = [min(k, vocab) for k in top_k]
@@ -45,7 +46,7 @@ def apply_top_k(scores: torch.Tensor, top_k: list[int]) -> torch.Tensor:
     return scores.masked_fill(scores < kth, _NEG_INF)
 
 
-def apply_top_p(scores: torch.Tensor, top_p: list[float]) -> torch.Tensor:
+def apply_top_p(scores: Tensor, top_p: list[float]) -> Tensor:
     """Keep the smallest set of best tokens whose probability reaches top_p (at least one).
 
     Only pass rows with top_p < 1: a neutral row would still lose tokens whose probability
@@ -61,7 +62,7 @@ def apply_top_p(scores: torch.Tensor, top_p: list[float]) -> torch.Tensor:
     return scores.masked_fill(remove, _NEG_INF)
 
 
-def apply_typical_p(scores: torch.Tensor, mass: list[float]) -> torch.Tensor:
+def apply_typical_p(scores: Tensor, mass: list[float]) -> Tensor:
     """Locally typical sampling, as transformers' TypicalLogitsWarper. Pass only rows with mass < 1."""
     mass_t = torch.tensor(mass, dtype=scores.dtype, device=scores.device).unsqueeze(1)
     normalized = torch.log_softmax(scores, dim=-1)

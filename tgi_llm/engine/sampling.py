@@ -34,12 +34,12 @@ def uses_penalty(p: SamplingParams) -> bool:
 
 
 def samples(p: SamplingParams) -> bool:
-    """Whether the request samples. As TGI: any non-neutral warper turns sampling on, even without do_sample."""
+    """Whether the request samples. As in TGI, any non-neutral warper turns sampling on without do_sample."""
     return p.do_sample or p.temperature != 1.0 or p.top_k != 0 or p.top_p < 1.0 or p.typical_p < 1.0
 
 
 def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Generator:
-    """The per-request generator the engine keeps for the request's whole life."""
+    """The per-request generator, kept for the request's whole life; `device` must be the logits' device."""
     g = torch.Generator(device=device)
     g.manual_seed(seed)
     return g
@@ -86,7 +86,7 @@ class PenaltyState:
             self._free.append(row)
 
     def record(self, keys: Sequence[Hashable], token_ids: torch.Tensor) -> None:
-        """Count one new token per request; `token_ids[i]` belongs to `keys[i]`, untracked keys are skipped."""
+        """+1 per request: `token_ids[i]` is the new token of `keys[i]`; untracked keys are skipped."""
         picked = [(i, self._rows[k]) for i, k in enumerate(keys) if k in self._rows]
         if not picked:
             return
@@ -120,6 +120,11 @@ def _rows(rows: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.long, device=device)
 
 
+def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-row parameters as an [R, 1] tensor that broadcasts over the vocabulary."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+
+
 def _penalize(
     scores: torch.Tensor, params: Sequence[SamplingParams], counts: Sequence[torch.Tensor | None] | None
 ) -> torch.Tensor:
@@ -133,10 +138,10 @@ def _penalize(
     seen = torch.stack([counts[i] for i in rows]).to(sub.device, sub.dtype)
     rep = [params[i].repetition_penalty for i in rows]
     if any(x != 1.0 for x in rep):
-        sub = apply_repetition_penalty(sub, seen, torch.tensor(rep, dtype=sub.dtype, device=sub.device)[:, None])
+        sub = apply_repetition_penalty(sub, seen, _column(rep, sub))
     freq = [params[i].frequency_penalty for i in rows]
     if any(x != 0.0 for x in freq):
-        sub = apply_frequency_penalty(sub, seen, torch.tensor(freq, dtype=sub.dtype, device=sub.device)[:, None])
+        sub = apply_frequency_penalty(sub, seen, _column(freq, sub))
     return scores.index_copy(0, idx, sub)
 
 
@@ -144,7 +149,7 @@ def _warp(sub: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Warpers over the sampling rows only; rows that don't use a sorting warper skip the sort."""
     temps = [p.temperature for p in params]
     if any(t != 1.0 for t in temps):
-        sub = apply_temperature(sub, torch.tensor(temps, dtype=sub.dtype, device=sub.device)[:, None])
+        sub = apply_temperature(sub, _column(temps, sub))
     if any(p.top_k != 0 for p in params):
         sub = apply_top_k(sub, [p.top_k for p in params])
     for warp, value in ((apply_top_p, "top_p"), (apply_typical_p, "typical_p")):

@@ -1,0 +1,196 @@
+"""Our paged Llama-family forward against transformers' eager implementation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tgi_llm.kv_cache import allocate_kv_cache
+from tgi_llm.models import load_model
+
+torch.set_num_threads(2)
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+def reference_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+
+
+@torch.no_grad()
+def reference_logits(ref, tokens: list[int]) -> torch.Tensor:
+    return ref(torch.tensor([tokens])).logits[0]
+
+
+class PagedRun:
+    """A model plus its own KV cache and batcher: one `step` is one flat mixed forward."""
+
+    def __init__(self, model, config, batcher) -> None:
+        self.model = model
+        self.batcher = batcher
+        self.caches = allocate_kv_cache(config, batcher.num_blocks, batcher.block_size)
+
+    def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
+        """Logits of every new token, split per sequence."""
+        ids, positions, attn = self.batcher.step(chunks)
+        logits = self.model.compute_logits(self.model(ids, positions, self.caches, attn))
+        assert logits.dtype == torch.float32
+        return list(logits.split(attn.query_lens_cpu))
+
+
+def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+VARIANTS = {
+    "llama-untied": ("llama", {}),
+    "llama-tied": ("llama", {"tie_word_embeddings": True}),
+    "qwen2-qkv-bias": ("qwen2", {}),
+    "mistral": ("mistral", {"sliding_window": None}),
+    "llama-attention-and-mlp-bias": ("llama", {"attention_bias": True, "mlp_bias": True}),
+    "rope-linear": (
+        "llama",
+        {"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}},
+    ),
+    "rope-llama3": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 10000.0,
+            }
+        },
+    ),
+    "rope-yarn": (
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+                "rope_theta": 10000.0,
+            }
+        },
+    ),
+    # max_position_embeddings below the longest prompt, so the dynamic base actually changes
+    "rope-dynamic": (
+        "llama",
+        {
+            "max_position_embeddings": 16,
+            "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4},
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_prefill_batch_matches_transformers(tiny_model_factory, paged_batcher, variant):
+    model_type, overrides = VARIANTS[variant]
+    model_dir = tiny_model_factory(model_type, **overrides)
+    model, config = load_model(model_dir)
+    ref = reference_model(model_dir)
+    prompts = random_prompts([1, 5, 13, 30], config.vocab_size)
+    run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32))
+    got = run.step(list(enumerate(prompts)))
+    for prompt, logits in zip(prompts, got, strict=True):
+        assert rel_err(logits, reference_logits(ref, prompt)) < 1e-4
+
+
+def test_decode_after_prefill_matches_full_sequence(tiny_model_factory, paged_batcher):
+    """Prefill, chunked prefill and decodes mixed over several steps: each new token's logits equal
+    transformers' logits at that position of the whole sequence."""
+    model_dir = tiny_model_factory("llama")
+    model, config = load_model(model_dir)
+    ref = reference_model(model_dir)
+    full = random_prompts([20, 14, 11], config.vocab_size, seed=1)
+    # per step: (sequence, how many of its next tokens)
+    schedule = [
+        [(0, 8), (1, 6)],
+        [(0, 1), (1, 5), (2, 9)],
+        [(0, 4), (1, 1), (2, 1)],
+        [(0, 1), (1, 1), (2, 1)],
+        [(0, 6), (1, 1)],
+    ]
+    run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32))
+    done = [0, 0, 0]
+    got: dict[int, list[torch.Tensor]] = {0: [], 1: [], 2: []}
+    for step in schedule:
+        chunks = [(s, full[s][done[s] : done[s] + n]) for s, n in step]
+        for (s, n), logits in zip(step, run.step(chunks), strict=True):
+            got[s].append(logits)
+            done[s] += n
+    for s, tokens in enumerate(full):
+        assert done[s] == len(tokens)
+        assert rel_err(torch.cat(got[s]), reference_logits(ref, tokens)) < 1e-4
+
+
+def test_mixed_batch_equals_separate_runs(tiny_model_factory, paged_batcher):
+    """A sequence's logits do not depend on what else is in the batch."""
+    model, config = load_model(tiny_model_factory("llama"))
+    a, b, c = random_prompts([11, 6, 3], config.vocab_size, seed=2)
+    mixed = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32, seed=3))
+    mixed.step([(1, b[:5])])
+    mixed_out = mixed.step([(0, a), (1, b[5:]), (2, c)])  # prefill, decode, prefill together
+
+    alone_a = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32, seed=4)).step([(0, a)])[0]
+    run_b = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32, seed=5))
+    run_b.step([(1, b[:5])])
+    alone_b = run_b.step([(1, b[5:])])[0]
+    alone_c = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32, seed=6)).step([(2, c)])[0]
+    for got, alone in zip(mixed_out, [alone_a, alone_b, alone_c], strict=True):
+        torch.testing.assert_close(got, alone, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_runs_close_to_float32(tiny_model_factory, paged_batcher):
+    model_dir = tiny_model_factory("llama")
+    prompts = random_prompts([7, 12], 256, seed=7)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model, config = load_model(model_dir, dtype=dtype)
+        run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=16))
+        run.caches = allocate_kv_cache(config, 16, 4, dtype=dtype)
+        out[dtype] = torch.cat(run.step(list(enumerate(prompts))))
+    assert out[torch.bfloat16].dtype == torch.float32  # logits are float32 whatever the model dtype
+    assert 0 < rel_err(out[torch.bfloat16], out[torch.float32]) < 0.05
+
+
+@pytest.mark.slow
+def test_default_model_matches_transformers(default_model_dir, paged_batcher):
+    """The real SmolLM2: a batch of chat prompts, then greedy decode steps for all of them at once,
+    against transformers' logits over each whole sequence."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    model, config = load_model(default_model_dir)
+    ref = reference_model(default_model_dir)
+    questions = ["Hi", "What is the capital of France?", "Write a haiku about the sea, please, with a title."]
+    seqs = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
+        )
+        for q in questions
+    ]
+    seqs = [list(s["input_ids"]) if hasattr(s, "keys") else list(s) for s in seqs]  # BatchEncoding in v5
+    assert len({len(s) for s in seqs}) == 3
+    run = PagedRun(model, config, paged_batcher(block_size=16, num_blocks=64))
+    got = [[x] for x in run.step(list(enumerate(seqs)))]
+    for _ in range(4):
+        chunks = []
+        for i, s in enumerate(seqs):
+            s.append(int(got[i][-1][-1].argmax()))
+            chunks.append((i, s[-1:]))
+        for i, logits in enumerate(run.step(chunks)):
+            got[i].append(logits)
+    for i, s in enumerate(seqs):
+        assert rel_err(torch.cat(got[i]), reference_logits(ref, s)) < 1e-4

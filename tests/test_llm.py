@@ -1,0 +1,141 @@
+"""End to end through the public API: greedy parity with transformers, batch independence, seeds."""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import pytest
+import torch
+
+from tgi_llm import LLM
+from tgi_llm.events import ErrorEvent, FinalEvent
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain recursion in one sentence.",
+    "List three primary colors.",
+    "What is 12 times 12?",
+    "Translate 'good morning' into Spanish.",
+    "Who wrote Romeo and Juliet?",
+    "Give me a synonym for happy.",
+    "Why is the sky blue?",
+    "Name a mammal that can fly.",
+    "What does CPU stand for?",
+    "Describe a cat in five words, then tell me a very long story about its adventures in the city.",
+]
+NEW_TOKENS = 32
+
+
+def chat(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                         add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def reference_greedy(model_dir, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    """transformers' own greedy generate, one prompt at a time (no padding), fp32."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            x = torch.tensor([ids])
+            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new_tokens,
+                               do_sample=False)
+            out.append(y[0, len(ids):].tolist())
+    return out
+
+
+def run_staggered(llm: LLM, prompts, params, gap_s: float) -> list[FinalEvent]:
+    """Submit one prompt every `gap_s` seconds while earlier ones are still generating."""
+    finals: dict[int, FinalEvent] = {}
+    done: queue.SimpleQueue = queue.SimpleQueue()
+    for i, p in enumerate(prompts):
+        llm.submit(p, params, lambda e, i=i: done.put((i, e)) if isinstance(e, (FinalEvent, ErrorEvent)) else None)
+        time.sleep(gap_s)
+    while len(finals) < len(prompts):
+        i, e = done.get(timeout=300)
+        assert isinstance(e, FinalEvent), e
+        finals[i] = e
+    return [finals[i] for i in range(len(prompts))]
+
+
+def assert_same_tokens(got: list[int], ref: list[int]) -> None:
+    # transformers stops at EOS too; our sequence must be the reference exactly.
+    assert got == ref
+
+
+@pytest.fixture(scope="module")
+def default_llm():
+    llm = LLM(None, kv_cache_memory_gb=0.5)
+    yield llm
+    llm.close()
+
+
+@pytest.mark.slow
+def test_greedy_parity_with_transformers_alone_and_together(default_llm, default_model_dir):
+    tok = default_llm.tokenizer
+    prompts = [chat(tok, q) for q in QUESTIONS]
+    ref = reference_greedy(default_model_dir, prompts, NEW_TOKENS)
+    params = {"max_new_tokens": NEW_TOKENS}
+    alone = [default_llm.generate([p], params)[0].token_ids for p in prompts]
+    for got, want in zip(alone, ref, strict=True):
+        assert_same_tokens(got, want)
+    together = default_llm.generate(prompts, params)
+    for got, want in zip(together, ref, strict=True):
+        assert_same_tokens(got.token_ids, want)
+    staggered = run_staggered(default_llm, prompts, params, gap_s=0.05)
+    for got, want in zip(staggered, ref, strict=True):
+        assert_same_tokens(got.token_ids, want)
+    stats = default_llm.engine.stats()
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+
+
+@pytest.mark.slow
+def test_seeded_sampling_ignores_batch_composition(default_llm):
+    tok = default_llm.tokenizer
+    target = chat(tok, "Tell me a story about a dragon.")
+    params = {"max_new_tokens": 16, "do_sample": True, "temperature": 0.9, "top_p": 0.95, "seed": 1234}
+    alone = default_llm.generate([target], params)[0].token_ids
+    others = [chat(tok, q) for q in QUESTIONS[:5]]
+    mixed_params = [params] + [{"max_new_tokens": 20, "do_sample": True, "seed": s, "top_k": 20}
+                               for s in range(len(others))]
+    together = default_llm.generate([target, *others], mixed_params)[0].token_ids
+    staggered = run_staggered(default_llm, [*others[:2], target], params, 0.03)[2]
+    assert together == alone
+    assert staggered.token_ids == alone
+    other_seed = default_llm.generate([target], {**params, "seed": 99})[0].token_ids
+    assert other_seed != alone  # the seed really drives the draw
+
+
+def test_tiny_random_llama_matches_transformers(tiny_llama_dir):
+    prompts = [[5, 17, 300, 42], list(range(100, 137)), [7] * 3, [1000, 2000, 3000, 4000, 5000, 6000]]
+    ref = reference_greedy(tiny_llama_dir, prompts, 24)
+    with LLM(str(tiny_llama_dir), kv_cache_memory_gb=0.05, block_size=4) as llm:
+        params = {"max_new_tokens": 24, "ignore_eos": True}
+        together = llm.generate(prompts, params)
+        staggered = run_staggered(llm, prompts, params, gap_s=0.01)
+        stats = llm.engine.stats()
+    for got, again, want in zip(together, staggered, ref, strict=True):
+        assert got.token_ids[: len(want)] == want
+        assert again.token_ids[: len(want)] == want
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+
+
+def test_stream_yields_deltas_and_cancels_when_left_early(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), kv_cache_memory_gb=0.05) as llm:
+        events = list(llm.stream("Hello world", {"max_new_tokens": 8, "ignore_eos": True}))
+        final = events[-1]
+        assert isinstance(final, FinalEvent)
+        assert "".join(e.token.text for e in events[:-1]) == final.generated_text
+        stream = llm.stream("Hello again", {"max_new_tokens": 200, "ignore_eos": True})
+        next(stream)
+        stream.close()  # the consumer walked away: the engine must cancel and free the blocks
+        deadline = time.monotonic() + 10
+        while llm.engine.stats().running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = llm.engine.stats()
+        assert stats.running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
