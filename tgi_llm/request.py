@@ -16,6 +16,7 @@ class SamplingParams:
     typical_p: float = 1.0  # 1.0: disabled
     repetition_penalty: float = 1.0  # 1.0: disabled
     frequency_penalty: float = 0.0  # 0.0: disabled
+    presence_penalty: float = 0.0  # 0.0: disabled (OpenAI's; TGI's chat route accepts it)
     seed: int = 0
 
     @property

@@ -44,6 +44,9 @@ def _reference_scores(row: torch.Tensor, p: SamplingParams, seen: list[int]) -> 
     if p.frequency_penalty != 0.0:
         for token, n in Counter(seen).items():
             s[0, token] -= p.frequency_penalty * n
+    if p.presence_penalty != 0.0:
+        for token in set(seen):
+            s[0, token] -= p.presence_penalty
     if samples(p):
         warpers = []
         if p.temperature != 1.0:
@@ -122,6 +125,8 @@ def test_penalties_by_hand():
     assert freq.tolist() == [[1.0, -2.5, 1.0, 0.5]]
     both = process_logits(logits, [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5)], counts)
     assert both.tolist() == [[0.0, -4.5, 1.0, 0.5]]  # repetition first, then frequency (TGI's order)
+    pres = process_logits(logits, [SamplingParams(presence_penalty=0.5)], counts)
+    assert pres.tolist() == [[1.5, -2.5, 1.0, 0.5]]  # once per seen token, whatever its count
     # A greedy penalised row picks the argmax of the penalised scores.
     out = Sampler()(logits, [SamplingParams(repetition_penalty=4.0)], [None], counts)
     assert out.next_token_ids.tolist() == [2]
@@ -144,6 +149,7 @@ def test_process_logits_matches_per_row_reference():
         SamplingParams(do_sample=True, temperature=0.7, top_k=20, seed=1),
         SamplingParams(do_sample=True, top_p=0.85, repetition_penalty=1.1, frequency_penalty=0.2, seed=2),
         SamplingParams(do_sample=True, typical_p=0.6, seed=3),
+        SamplingParams(presence_penalty=-0.7, frequency_penalty=0.1),
         SamplingParams(do_sample=True, temperature=1.3, top_k=50, top_p=0.9, typical_p=0.95, seed=4),
         SamplingParams(do_sample=True, top_k=vocab + 10, seed=5),  # k beyond the vocabulary: no-op
     ]

@@ -43,6 +43,7 @@ def validator():
         ("hi", {"top_k": 0}, "`top_k` must be strictly positive"),
         ("hi", {"repetition_penalty": 0.0}, "`repetition_penalty` must be strictly positive"),
         ("hi", {"frequency_penalty": 2.5}, "`frequency_penalty` must be >= -2.0 and <= 2.0"),
+        ("hi", {"presence_penalty": -2.5}, "`presence_penalty` must be >= -2.0 and <= 2.0"),
         ("hi", {"stop": ["a", "b", "c"]}, "`stop` supports up to 2 stop sequences. Given: 3"),
         ("hi", {"top_n_tokens": 4}, "`top_n_tokens` must be >= 0 and <= 3. Given: 4"),
         ("hi", {"truncate": 0}, "`truncate` must be strictly positive and less than 10. Given: 0"),

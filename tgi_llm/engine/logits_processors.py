@@ -26,6 +26,11 @@ def apply_frequency_penalty(scores: Tensor, counts: Tensor, penalty: Tensor) -> 
     return scores - counts * penalty
 
 
+def apply_presence_penalty(scores: Tensor, counts: Tensor, penalty: Tensor) -> Tensor:
+    """OpenAI presence penalty: score -= penalty for every token seen at least once."""
+    return scores - (counts > 0).to(scores.dtype) * penalty
+
+
 def apply_temperature(scores: Tensor, temperature: Tensor) -> Tensor:
     return scores / temperature
 

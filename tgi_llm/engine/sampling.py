@@ -19,6 +19,7 @@ import torch
 
 from tgi_llm.engine.logits_processors import (
     apply_frequency_penalty,
+    apply_presence_penalty,
     apply_repetition_penalty,
     apply_temperature,
     apply_top_k,
@@ -30,7 +31,7 @@ from tgi_llm.request import SamplingParams
 
 def uses_penalty(p: SamplingParams) -> bool:
     """Whether the request needs token counts (register it in a PenaltyState)."""
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
 def samples(p: SamplingParams) -> bool:
@@ -142,6 +143,9 @@ def _penalize(
     freq = [params[i].frequency_penalty for i in rows]
     if any(x != 0.0 for x in freq):
         sub = apply_frequency_penalty(sub, seen, _column(freq, sub))
+    pres = [params[i].presence_penalty for i in rows]
+    if any(x != 0.0 for x in pres):
+        sub = apply_presence_penalty(sub, seen, torch.tensor(pres, dtype=sub.dtype, device=sub.device)[:, None])
     return scores.index_copy(0, idx, sub)
 
 

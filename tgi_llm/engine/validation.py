@@ -14,7 +14,7 @@ from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
 _IGNORED = {"watermark", "adapter_id"}
 _KNOWN = {
     "best_of", "temperature", "repetition_penalty", "frequency_penalty", "top_k", "top_p", "typical_p",
-    "do_sample", "max_new_tokens", "return_full_text", "stop", "truncate", "seed", "details",
+    "do_sample", "max_new_tokens", "presence_penalty", "return_full_text", "stop", "truncate", "seed", "details",
     "decoder_input_details", "top_n_tokens", "grammar", "ignore_eos", "stream",
 } | _IGNORED
 _U64_MAX = 2**64 - 1
@@ -157,6 +157,9 @@ class Validator:
         frequency_penalty = _number(params, "frequency_penalty")
         if frequency_penalty is not None and not -2.0 <= frequency_penalty <= 2.0:
             raise ValidationError("`frequency_penalty` must be >= -2.0 and <= 2.0")
+        presence_penalty = _number(params, "presence_penalty")
+        if presence_penalty is not None and not -2.0 <= presence_penalty <= 2.0:
+            raise ValidationError("`presence_penalty` must be >= -2.0 and <= 2.0")
         top_p = _number(params, "top_p")
         if top_p is not None and (top_p <= 0.0 or top_p > 1.0):
             raise ValidationError("`top_p` must be > 0.0 and < 1.0")
@@ -183,6 +186,7 @@ class Validator:
             typical_p=typical_p,
             repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
             frequency_penalty=0.0 if frequency_penalty is None else frequency_penalty,
+            presence_penalty=0.0 if presence_penalty is None else presence_penalty,
             seed=random.getrandbits(64) if seed is None else seed,
         )
 

@@ -1,0 +1,178 @@
+"""GGUF -> HF directory conversion and its cache, on a tiny GGUF built from the default one's
+tokenizer (first 2048 tokens) with random weights, some Q8_0-quantized."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tgi_llm.weights.gguf as gguf_mod
+import tgi_llm.weights.resolve as resolve_mod
+from tgi_llm.models import load_model
+from tgi_llm.weights import default_gguf_path, resolve_model_dir
+from tgi_llm.weights.gguf import MARKER_FILE
+
+VOCAB = 2048
+
+
+def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int = 2, heads: int = 4) -> Path:
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+    from gguf.quants import quantize
+
+    src = GGUFReader(default_gguf_path())
+    tokens = [str(t) for t in src.fields["tokenizer.ggml.tokens"].contents()[:VOCAB]]
+    kept = set(tokens)
+    # a merge survives only if its parts and its result are still in the vocabulary
+    merges = [
+        m
+        for m in src.fields["tokenizer.ggml.merges"].contents()
+        if all(p in kept for p in m.split(" ")) and m.replace(" ", "") in kept
+    ]
+    overrides = {
+        "llama.block_count": layers,
+        "llama.embedding_length": hidden,
+        "llama.feed_forward_length": inter,
+        "llama.attention.head_count": heads,
+        "llama.attention.head_count_kv": heads // 2,
+        "llama.rope.dimension_count": hidden // heads,
+        "llama.context_length": 256,
+        "llama.vocab_size": VOCAB,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.token_type": src.fields["tokenizer.ggml.token_type"].contents()[:VOCAB],
+    }
+    writer = GGUFWriter(path, "llama")
+    for key, field in src.fields.items():
+        if key.startswith("GGUF.") or key in ("general.file_type", "general.architecture"):
+            continue
+        vtype = field.types[0]
+        sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
+        writer.add_key_value(key, overrides.get(key, field.contents()), vtype, sub)
+
+    rng = np.random.default_rng(0)
+
+    def add(name: str, *shape: int, q8: bool = False) -> None:
+        if len(shape) == 1:
+            data = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        else:
+            data = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+        if q8:
+            writer.add_tensor(name, quantize(data, GGMLQuantizationType.Q8_0), raw_dtype=GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, data)
+
+    head_dim, kv = hidden // heads, heads // 2
+    add("token_embd.weight", VOCAB, hidden)  # no output.weight: tied embeddings, as in SmolLM2
+    add("output_norm.weight", hidden)
+    for i in range(layers):
+        p = f"blk.{i}."
+        add(p + "attn_norm.weight", hidden)
+        add(p + "ffn_norm.weight", hidden)
+        add(p + "attn_q.weight", heads * head_dim, hidden)
+        add(p + "attn_k.weight", kv * head_dim, hidden)
+        add(p + "attn_v.weight", kv * head_dim, hidden)
+        add(p + "attn_output.weight", hidden, heads * head_dim)
+        add(p + "ffn_gate.weight", inter, hidden, q8=True)
+        add(p + "ffn_up.weight", inter, hidden, q8=True)
+        add(p + "ffn_down.weight", hidden, inter, q8=True)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def mini_gguf(tmp_path_factory) -> Path:
+    return write_mini_gguf(tmp_path_factory.mktemp("gguf") / "mini.gguf")
+
+
+@pytest.fixture(scope="module")
+def converted(mini_gguf, tmp_path_factory) -> tuple[Path, Path]:
+    cache = tmp_path_factory.mktemp("cache")
+    return resolve_model_dir(str(mini_gguf), cache_dir=cache, progress=False), cache
+
+
+def test_conversion_writes_a_plain_hf_directory(converted):
+    model_dir, cache = converted
+    assert model_dir.parent.parent == cache
+    assert (model_dir / MARKER_FILE).is_file()
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "quantization_config" not in config
+    assert config["tie_word_embeddings"] is True
+    assert json.loads((model_dir / "generation_config.json").read_text())["eos_token_id"] == 2
+    tok_cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tok_cfg["chat_template"]
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert "lm_head.weight" not in names and "model.embed_tokens.weight" in names
+    assert not [p for p in cache.rglob(".tmp-*")]
+
+
+def test_converted_dir_loads_with_transformers_and_matches_gguf(converted, mini_gguf):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir, _ = converted
+    direct = AutoModelForCausalLM.from_pretrained(str(mini_gguf.parent), gguf_file=mini_gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    ids = tokenizer("Hello world, this is a test")["input_ids"]
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2
+    assert tokenizer.decode(ids) == "Hello world, this is a test"
+    with torch.no_grad():
+        expected = direct(torch.tensor([ids])).logits
+        torch.testing.assert_close(loaded(torch.tensor([ids])).logits, expected)
+    # and our own loader reads it (tied lm_head, dequantized Q8_0 MLP)
+    ours, config = load_model(model_dir)
+    assert ours.lm_head is ours.embed_tokens and config.vocab_size == VOCAB
+
+
+def test_second_resolve_uses_the_cache(converted, mini_gguf, monkeypatch):
+    model_dir, cache = converted
+    mtime = (model_dir / "model.safetensors").stat().st_mtime_ns
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("converted again")
+
+    monkeypatch.setattr(resolve_mod, "convert_gguf", no_conversion)
+    assert resolve_model_dir(str(mini_gguf), cache_dir=cache) == model_dir
+    assert (model_dir / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+def test_changed_gguf_gets_a_new_cache_entry(mini_gguf, tmp_path):
+    copy = tmp_path / "mini.gguf"
+    copy.write_bytes(mini_gguf.read_bytes())
+    first = resolve_mod.gguf_cache_dir(copy, tmp_path)
+    os.utime(copy, ns=(0, 10**9))
+    assert resolve_mod.gguf_cache_dir(copy, tmp_path) != first
+
+
+def test_failed_conversion_leaves_nothing_behind(mini_gguf, tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(gguf_mod, "save_file", crash)
+    with pytest.raises(OSError, match="disk full"):
+        resolve_model_dir(str(mini_gguf), cache_dir=tmp_path, progress=False)
+    assert list((tmp_path / "gguf").iterdir()) == []
+
+
+@pytest.mark.slow
+def test_default_model_directory(default_model_dir):
+    from transformers import AutoTokenizer
+
+    config = json.loads((default_model_dir / "config.json").read_text())
+    assert "quantization_config" not in config and config["model_type"] == "llama"
+    generation = json.loads((default_model_dir / "generation_config.json").read_text())
+    assert (generation["eos_token_id"], generation["bos_token_id"]) == (2, 1)
+    tokenizer = AutoTokenizer.from_pretrained(default_model_dir)
+    assert tokenizer.convert_ids_to_tokens(2) == "<|im_end|>"
+    assert "<|im_start|>" in json.loads((default_model_dir / "tokenizer_config.json").read_text())["chat_template"]
+    assert resolve_model_dir(None) == default_model_dir  # cached
