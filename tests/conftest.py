@@ -110,9 +110,7 @@ class PagedBatcher:
         self.free = list(range(self.num_blocks))
         random.Random(self.seed).shuffle(self.free)
 
-    def step(
-        self, chunks: list[tuple[int, list[int]]]
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def step(self, chunks: list[tuple[int, list[int]]]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """`chunks`: (sequence id, new token ids) per sequence -> input_ids, positions, metadata."""
         ids: list[int] = []
         positions: list[int] = []
@@ -127,9 +125,7 @@ class PagedBatcher:
                 table.append(self.free.pop())
             ids.extend(tokens)
             positions.extend(range(start, end))
-            slots.extend(
-                table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end)
-            )
+            slots.extend(table[p // self.block_size] * self.block_size + p % self.block_size for p in range(start, end))
             q_lens.append(len(tokens))
             seq_lens.append(end)
             self.lengths[seq_id] = end

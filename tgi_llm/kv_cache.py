@@ -32,13 +32,6 @@ def allocate_kv_cache(
     ]
 
 
-def num_blocks_for_bytes(config: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype) -> int:
-    """How many blocks fit in `budget_bytes` of cache memory."""
-    from tgi_llm.models.config import kv_cache_bytes_per_token
-
-    return budget_bytes // (kv_cache_bytes_per_token(config, dtype) * block_size)
-
-
 def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
@@ -55,4 +48,6 @@ def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) 
     contiguous run per sequence: [B, num_blocks * block_size, Hkv, D]."""
     _, block_size, heads, dim = cache.shape
     blocks = block_tables[:, :num_blocks].to(torch.long)
-    return cache[blocks].view(blocks.shape[0], num_blocks * block_size, heads, dim)
+    # index_select on the flat block ids: several times faster on CPU than advanced indexing
+    gathered = cache.index_select(0, blocks.reshape(-1))
+    return gathered.view(blocks.shape[0], num_blocks * block_size, heads, dim)

@@ -18,9 +18,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def reference_model(model_dir):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager"
-    ).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
 
 
 @torch.no_grad()
@@ -176,9 +174,7 @@ def test_default_model_matches_transformers(default_model_dir, paged_batcher):
     ref = reference_model(default_model_dir)
     questions = ["Hi", "What is the capital of France?", "Write a haiku about the sea, please, with a title."]
     seqs = [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True
-        )
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)
         for q in questions
     ]
     seqs = [list(s["input_ids"]) if hasattr(s, "keys") else list(s) for s in seqs]  # BatchEncoding in v5
@@ -194,3 +190,16 @@ def test_default_model_matches_transformers(default_model_dir, paged_batcher):
             got[i].append(logits)
     for i, s in enumerate(seqs):
         assert rel_err(torch.cat(got[i]), reference_logits(ref, s)) < 1e-4
+
+
+@pytest.mark.slow
+def test_tiny_llama_dir_is_a_complete_untied_model(tiny_llama_dir, paged_batcher):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    model, config = load_model(tiny_llama_dir)
+    assert config.vocab_size == len(tokenizer) and config.num_key_value_heads < config.num_attention_heads
+    assert model.lm_head is not model.embed_tokens and not config.tie_word_embeddings
+    ids = tokenizer("The tiny model speaks")["input_ids"]
+    got = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=8)).step([(0, ids)])[0]
+    assert rel_err(got, reference_logits(reference_model(tiny_llama_dir), ids)) < 1e-4

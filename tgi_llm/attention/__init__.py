@@ -41,9 +41,7 @@ def preferred_block_size(device: str | torch.device, default: int = 16) -> int:
     return default
 
 
-def select_attention_backend(
-    device: str | torch.device, block_size: int, name: str | None = None
-) -> AttentionBackend:
+def select_attention_backend(device: str | torch.device, block_size: int, name: str | None = None) -> AttentionBackend:
     """flash-attn on CUDA when installed, else plain torch. `name` forces one ("torch", "flash-attn")."""
     device = torch.device(device)
     if name is not None and name not in BACKENDS:

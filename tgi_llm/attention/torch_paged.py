@@ -30,9 +30,7 @@ class TorchPagedAttention:
     ) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
         if attn.is_pure_decode and q.shape[0] == attn.num_seqs:  # the common step: all decodes
-            return self._decode(
-                q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale
-            )
+            return self._decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale)
 
         out = torch.empty_like(q)
         decode_seqs: list[int] = []

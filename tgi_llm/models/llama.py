@@ -127,9 +127,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = nn.Parameter(
             weights.load_sharded("model.embed_tokens.weight", 0, shard), requires_grad=False
         )
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, weights, i, shard) for i in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, weights, i, shard) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(weights.get_tensor("model.norm.weight"), config.rms_norm_eps)
         if config.tie_word_embeddings or "lm_head.weight" not in weights:
             self.lm_head = self.embed_tokens
