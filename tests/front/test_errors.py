@@ -1,0 +1,26 @@
+"""Triton's errors -> TGI's error types and status codes."""
+
+from __future__ import annotations
+
+import pytest
+
+from tgi_llm.front.errors import from_triton
+
+
+@pytest.mark.parametrize(
+    "message,status,error_type,code",
+    [
+        ("`temperature` must be strictly positive", None, "validation", 422),
+        ("[request id: abc] `inputs` must have less than 10 tokens. Given: 12", None, "validation", 422),
+        ("anything at all", "StatusCode.INVALID_ARGUMENT", "validation", 422),
+        ("Model is overloaded", None, "overloaded", 429),
+        ("Model is overloaded", "StatusCode.UNAVAILABLE", "overloaded", 429),
+        ("failed to connect to all addresses", "StatusCode.UNAVAILABLE", "unavailable", 503),
+        ("Request failed during generation: CUDA error", None, "generation", 424),
+        ("", "StatusCode.INTERNAL", "generation", 424),
+    ],
+)
+def test_classification(message: str, status: str | None, error_type: str, code: int) -> None:
+    err = from_triton(message, status)
+    assert (err.error_type, err.status) == (error_type, code)
+    assert not err.message.startswith("[request id")

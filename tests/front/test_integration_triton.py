@@ -1,0 +1,221 @@
+"""The whole path with the real default model: `tgi-llm-launcher` (tritonserver + the tgi_llm model) and
+`tgi-llm-front` next to it, each a process on free 127.0.0.1 ports, driven by the official clients."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+openai = pytest.importorskip("openai")
+
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+NEW = 16
+KEY = "integration-key"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the process group we created for it (tritonserver is the launcher's child), then wait."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def wait_until(check, proc: subprocess.Popen, what: str, log: Path, limit_s: float = 300) -> None:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            if check():
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{what} not ready after {limit_s}s:\n{log.read_text()[-4000:]}")
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class Stack:
+    triton_http: str
+    grpc: str
+    metrics: str
+    front: str
+
+
+def start_front(stack_grpc: str, metrics: str, model_dir: Path, tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = tmp / f"front-{port}.log"
+    proc = spawn(["-m", "tgi_llm.front.main", "--port", str(port), "--hostname", "127.0.0.1",
+                  "--triton-grpc-url", stack_grpc, "--triton-metrics-url", metrics, "--model-id", "SmolLM2",
+                  "--tokenizer-dir", str(model_dir), "--max-input-tokens", "511", "--max-total-tokens", "512",
+                  *extra], log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(url + "/health").status_code == 200, proc, "tgi-llm-front", log, 120)
+    except BaseException:
+        stop(proc)
+        raise
+    return proc, url
+
+
+@pytest.fixture(scope="module")
+def stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("front-integration")
+    from tgi_llm.launcher.tritonserver import find_tritonserver
+
+    try:
+        find_tritonserver(tmp)
+    except FileNotFoundError as exc:
+        pytest.skip(f"no tritonserver: {exc}")
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = tmp / "launcher.log"
+    launcher = spawn(["-m", "tgi_llm.launcher.main", "--model-id", str(default_model_dir), "--hostname", "127.0.0.1",
+                      "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
+                      "--max-total-tokens", "512", "--max-batch-total-tokens", "2048",
+                      "--model-repository", str(tmp / "repo")], log)
+    try:
+        ready = f"http://127.0.0.1:{http}/v2/models/tgi_llm/ready"
+        wait_until(lambda: httpx.get(ready).status_code == 200, launcher, "tgi-llm-launcher", log)
+        metrics_url = f"http://127.0.0.1:{metrics}/metrics"
+        front, url = start_front(f"127.0.0.1:{grpc}", metrics_url, default_model_dir, tmp)
+        try:
+            yield Stack(f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", metrics_url, url)
+        finally:
+            stop(front)
+    finally:
+        stop(launcher)
+
+
+def triton_generate(stack: Stack, prompt: str, max_tokens: int) -> dict[str, Any]:
+    """The model's answer straight from Triton's generate endpoint, not through the front."""
+    r = httpx.post(f"{stack.triton_http}/v2/models/tgi_llm/generate", timeout=120,
+                   json={"text_input": prompt, "max_tokens": max_tokens})
+    r.raise_for_status()
+    return r.json()
+
+
+def metric(stack: Stack, name: str) -> float:
+    text = httpx.get(stack.front + "/metrics").text  # proxied from Triton's metrics port
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_openai_chat_equals_triton_greedy_text(stack: Stack, front_tokenizer: Any) -> None:
+    prompt = front_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    direct = triton_generate(stack, prompt, NEW)
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+
+    reply = client.chat.completions.create(model="SmolLM2", messages=MESSAGES, max_tokens=NEW, temperature=0)
+    assert reply.choices[0].message.content == direct["text_output"]
+    assert reply.usage.prompt_tokens == direct["num_input_tokens"]
+    assert reply.usage.completion_tokens == direct["num_output_tokens"]
+    assert reply.usage.total_tokens == direct["num_input_tokens"] + direct["num_output_tokens"]
+    assert reply.choices[0].finish_reason == ("length" if direct["finish_reason"] == "length" else "stop")
+
+    chunks = list(client.chat.completions.create(model="SmolLM2", messages=MESSAGES, max_tokens=NEW, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == direct["text_output"]
+    assert chunks[-1].usage.completion_tokens == direct["num_output_tokens"]
+    assert chunks[-1].usage.prompt_tokens == direct["num_input_tokens"]
+
+
+def test_hf_inference_client_stream_and_not(stack: Stack) -> None:
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=stack.front)
+    prompt = "The three primary colors are"
+    whole = client.text_generation(prompt, max_new_tokens=NEW, details=True)
+    events = list(client.text_generation(prompt, max_new_tokens=NEW, details=True, stream=True))
+    assert whole.generated_text == triton_generate(stack, prompt, NEW)["text_output"]
+    assert [e.token.id for e in events] == [t.id for t in whole.details.tokens]
+    assert [e.token.text for e in events] == [t.text for t in whole.details.tokens]
+    assert events[-1].generated_text == whole.generated_text
+    assert events[-1].details.finish_reason == whole.details.finish_reason
+    assert events[-1].details.generated_tokens == whole.details.generated_tokens == len(events)
+
+
+def test_validation_errors_are_422_with_tgis_message(stack: Stack) -> None:
+    expected = {"error": "`top_n_tokens` must be >= 0 and <= 5. Given: 50", "error_type": "validation"}
+    for route in ("/generate", "/generate_stream"):
+        r = httpx.post(stack.front + route, json={"inputs": "hi", "parameters": {"top_n_tokens": 50}})
+        assert (r.status_code, r.json()) == (422, expected)
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        client.chat.completions.create(model="m", messages=MESSAGES, top_p=1.5, stream=True)
+    assert info.value.body == "`top_p` must be > 0.0 and < 1.0"
+
+
+def test_closing_a_stream_early_frees_its_blocks(stack: Stack, front_tokenizer: Any) -> None:
+    story = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
+    prompt = front_tokenizer.apply_chat_template(story, tokenize=False, add_generation_prompt=True)
+    cancelled_before = metric(stack, 'tgi_request_failure{err="cancelled"}')
+    body = {"inputs": prompt, "parameters": {"max_new_tokens": 400}}
+    with httpx.Client(base_url=stack.front, timeout=120) as http, \
+            http.stream("POST", "/generate_stream", json=body) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data:"))
+        next(lines), next(lines)
+    deadline = time.monotonic() + 120
+    while metric(stack, 'tgi_request_failure{err="cancelled"}') == cancelled_before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(stack, 'tgi_request_failure{err="cancelled"}') == cancelled_before + 1  # not run to its end
+    while metric(stack, "tgi_kv_blocks_used") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert metric(stack, "tgi_kv_blocks_used") == 0
+    assert metric(stack, "tgi_kv_blocks_free") == metric(stack, "tgi_kv_blocks_total") > 0
+
+
+def test_api_key(stack: Stack, default_model_dir: Path, tmp_path: Path) -> None:
+    proc, url = start_front(stack.grpc, stack.metrics, default_model_dir, tmp_path, "--api-key", KEY)
+    try:
+        body = {"inputs": "Hello", "parameters": {"max_new_tokens": 2}}
+        assert httpx.post(url + "/generate", json=body).status_code == 401
+        r = httpx.post(url + "/generate", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert r.status_code == 200 and r.json()["generated_text"]
+        assert httpx.get(url + "/health").status_code == 200
+        assert "tgi_request_count" in httpx.get(url + "/metrics").text
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"{url}/v1", api_key="wrong", max_retries=0).models.list()
+        assert openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0).models.list().data[0].id == "SmolLM2"
+    finally:
+        stop(proc)
+
+
+def test_seed_round_trips_and_repeats(stack: Stack) -> None:
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=stack.front)
+    seed = 2**63 + 5  # beyond int64: travels as Triton's UINT64 seed tensor
+    runs = [client.text_generation("Once upon a time", max_new_tokens=8, do_sample=True, temperature=1.5,
+                                   seed=seed, details=True) for _ in range(2)]
+    assert runs[0].details.seed == runs[1].details.seed == seed
+    assert runs[0].generated_text == runs[1].generated_text
+    info = httpx.get(stack.front + "/info").json()
+    assert (info["model_id"], info["max_input_tokens"], info["max_total_tokens"]) == ("SmolLM2", 511, 512)

@@ -1,0 +1,121 @@
+"""OpenAI's routes, driven by the official openai SDK against the front served over a fake Triton client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.front.conftest import LiveServer
+from tests.front.fake_client import FakeTritonClient
+
+openai = pytest.importorskip("openai")
+
+MESSAGES = [{"role": "user", "content": "What is 2+2?"}]
+
+
+def sdk(live: LiveServer) -> Any:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_greedy_non_stream(live: LiveServer, front_tokenizer: Any) -> None:
+    reply = sdk(live).chat.completions.create(model="tgi", messages=MESSAGES, max_tokens=3, temperature=0)
+    assert reply.choices[0].message.content == " w0 w1 w2"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason == "length"
+    spec = live.fake.specs[-1]
+    # The model's own chat template rendered the prompt, ending with the assistant turn's opening.
+    assert spec.inputs == front_tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    assert spec.inputs.endswith("<|im_start|>assistant\n")
+    assert spec.parameters["do_sample"] is False and "temperature" not in spec.parameters  # 0 means greedy
+    assert reply.usage.prompt_tokens == len(spec.inputs.split())
+    assert reply.usage.completion_tokens == 3 and reply.usage.total_tokens == reply.usage.prompt_tokens + 3
+
+
+def test_chat_stream_matches_non_stream_and_reports_usage(live: LiveServer) -> None:
+    client = sdk(live)
+    stream = client.chat.completions.create(
+        model="tgi", messages=MESSAGES, max_tokens=4, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == " w0 w1 w2 w3"
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_chat_sampling_parameters_map_to_tgi(live: LiveServer) -> None:
+    sdk(live).chat.completions.create(
+        model="tgi", messages=MESSAGES, max_tokens=2, temperature=0.7, top_p=0.9, seed=7, stop=["w1"],
+        frequency_penalty=0.5, presence_penalty=0.25,
+    )
+    params = live.fake.specs[-1].parameters
+    assert params["do_sample"] is True and params["temperature"] == 0.7 and params["top_p"] == 0.9
+    assert params["seed"] == 7 and params["stop"] == ["w1"] and params["max_new_tokens"] == 2
+    assert params["frequency_penalty"] == 0.5 and params["presence_penalty"] == 0.25
+
+
+def test_stop_sequence_and_eos_finish_as_stop(live: LiveServer) -> None:
+    client = sdk(live)
+    reply = client.chat.completions.create(model="tgi", messages=MESSAGES, max_tokens=5, stop="w1", temperature=0)
+    assert reply.choices[0].message.content == " w0 w1" and reply.choices[0].finish_reason == "stop"
+
+
+def test_chat_logprobs(live: LiveServer) -> None:
+    reply = sdk(live).chat.completions.create(
+        model="tgi", messages=MESSAGES, max_tokens=2, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = reply.choices[0].logprobs.content
+    assert [c.token for c in content] == [" w0", " w1"]
+    assert content[0].logprob == pytest.approx(-0.1)
+    assert [t.token for t in content[1].top_logprobs] == [" w1", " x"]
+    assert live.fake.specs[-1].parameters["top_n_tokens"] == 2
+
+
+def test_validation_error_reaches_the_sdk_as_422(live: LiveServer) -> None:
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        sdk(live).chat.completions.create(model="tgi", messages=MESSAGES, temperature=-1.0, stream=True)
+    assert info.value.status_code == 422
+    assert info.value.body == "`temperature` must be strictly positive"  # the SDK unwraps TGI's "error"
+
+
+def test_completions_single_and_batch(live: LiveServer) -> None:
+    client = sdk(live)
+    reply = client.completions.create(model="tgi", prompt="Once upon", max_tokens=2, temperature=0)
+    assert reply.choices[0].text == " w0 w1" and reply.usage.completion_tokens == 2
+    reply = client.completions.create(model="tgi", prompt=["a", "b c"], max_tokens=1, temperature=0, echo=True)
+    assert [c.text for c in reply.choices] == ["a w0", "b c w0"]
+    assert [c.index for c in reply.choices] == [0, 1]
+    chunks = list(client.completions.create(model="tgi", prompt=["a", "b"], max_tokens=2, stream=True))
+    by_index: dict[int, str] = {}
+    for c in chunks:
+        by_index[c.choices[0].index] = by_index.get(c.choices[0].index, "") + c.choices[0].text
+    assert by_index == {0: " w0 w1", 1: " w0 w1"}
+
+
+def test_models_lists_the_served_model(live: LiveServer) -> None:
+    models = sdk(live).models.list()
+    assert [m.id for m in models.data] == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
+
+
+def test_chat_stream_ends_with_done(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 2, "stream": True})
+    lines = [line for line in r.text.splitlines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunk = json.loads(lines[0][len("data:"):])
+    assert chunk["object"] == "chat.completion.chunk"
+    assert chunk["choices"][0]["delta"] == {"role": "assistant", "content": " w0"}
+
+
+def test_chat_rejects_what_it_cannot_do(client: TestClient, fake: FakeTritonClient) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2})
+    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert client.post("/v1/chat/completions", json={"messages": MESSAGES, "tools": tools}).status_code == 422
+    assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 422
+    assert fake.specs == []

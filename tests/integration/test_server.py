@@ -1,0 +1,212 @@
+"""tritonserver serving the engine: gRPC streaming, HTTP generate, concurrency, cancellation, errors, metrics."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+
+import numpy as np
+import pytest
+
+from .conftest import MAX_CONCURRENT_REQUESTS
+from .harness import (
+    Launched,
+    OpenStream,
+    grpc_generate,
+    http_generate,
+    http_generate_stream,
+    metric,
+    read_metrics,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PROMPT = "What is deep learning?"
+
+
+def kv_settled(server: Launched) -> bool:
+    snap = read_metrics(server)
+    total = metric(snap, "tgi_kv_blocks_total")
+    return total > 0 and metric(snap, "tgi_kv_blocks_free") == total
+
+
+def test_grpc_stream_sends_token_deltas_that_add_up_to_the_greedy_text(server, reference):
+    seen_success = []
+
+    def on_response(reply):
+        if len(reply.texts) == 1:  # when the first response arrives, the request has not finished yet
+            seen_success.append(metric(read_metrics(server), "tgi_request_success"))
+        return False
+
+    before = metric(read_metrics(server), "tgi_request_success")
+    reply = grpc_generate(server, PROMPT, max_tokens=24, on_response=on_response)
+    assert reply.error is None
+    assert len(reply.texts) > 1
+    assert reply.finals[-1] is True and not any(reply.finals[:-1])
+    assert seen_success == [before]
+    assert reply.text == reference(PROMPT, 24)
+    assert len(reply.texts) == reply.num_output_tokens  # one response per token
+    assert reply.finish_reason in ("length", "eos_token")
+
+
+def test_http_generate_returns_one_json_response(server, reference):
+    status, body = http_generate(server, {"text_input": PROMPT, "max_tokens": 16})
+    assert status == 200
+    assert body["text_output"] == reference(PROMPT, 16)
+    assert body["finish_reason"] in ("length", "eos_token")
+    assert body["num_input_tokens"] > 0
+
+
+def test_http_generate_stream_sends_server_sent_events(server, reference):
+    events = http_generate_stream(server, {"text_input": PROMPT, "max_tokens": 16, "stream": True})
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == reference(PROMPT, 16)
+    assert "finish_reason" in events[-1] and all("finish_reason" not in e for e in events[:-1])
+
+
+def test_tgi_parameters_as_request_parameters(server):
+    status, body = http_generate(server, {"text_input": PROMPT, "max_new_tokens": 3, "details": True,
+                                          "decoder_input_details": True, "top_n_tokens": 2})
+    assert status == 200
+    assert body["num_output_tokens"] == 3
+    assert len(body["token_ids"]) == 3
+    assert len(body["top_token_ids"]) == 3 * 2  # [tokens, n], flattened by the generate extension
+    assert len(body["prefill_token_ids"]) == body["num_input_tokens"]
+
+
+def test_32_concurrent_streams_each_get_the_text_they_get_alone(server):
+    prompts = ["Tell me a story", "What is the capital of France?", "Write a haiku about the sea", "2 + 2 ="]
+    alone = {p: grpc_generate(server, p, max_tokens=16).text for p in prompts}
+    results: list = [None] * 32
+
+    def client(i: int) -> None:
+        results[i] = grpc_generate(server, prompts[i % len(prompts)], max_tokens=16)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, reply in enumerate(results):
+        assert reply.error is None, reply.error
+        assert reply.finals[-1] is True
+        assert reply.text == alone[prompts[i % len(prompts)]], f"client {i}"
+
+
+def test_grpc_cancel_mid_stream_frees_kv_blocks_and_server_keeps_serving(server):
+    before = read_metrics(server)
+    reply = grpc_generate(server, PROMPT, max_tokens=400, ignore_eos=True, on_response=lambda r: len(r.texts) == 3)
+    assert len(reply.texts) == 3 and not any(reply.finals)
+    assert wait_until(lambda: metric(read_metrics(server), "tgi_request_failure", err="cancelled")
+                      == metric(before, "tgi_request_failure", err="cancelled") + 1)
+    assert wait_until(lambda: kv_settled(server))
+    after = read_metrics(server)
+    assert metric(after, "tgi_request_success") == metric(before, "tgi_request_success")
+    assert grpc_generate(server, "Hello", max_tokens=4).finals[-1] is True
+
+
+def test_http_client_disconnect_cancels_generation(server):
+    before = metric(read_metrics(server), "tgi_request_failure", err="cancelled")
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=300)
+    body = json.dumps({"text_input": PROMPT, "max_tokens": 400, "ignore_eos": True, "stream": True})
+    conn.request("POST", "/v2/models/tgi_llm/generate_stream", body, {"Content-Type": "application/json"})
+    response = conn.getresponse()
+    events = 0
+    while events < 2:
+        if response.fp.readline().startswith(b"data:"):
+            events += 1
+    conn.close()  # the client goes away mid-stream
+    assert wait_until(lambda: metric(read_metrics(server), "tgi_request_failure", err="cancelled") == before + 1)
+    assert wait_until(lambda: kv_settled(server))
+    assert http_generate(server, {"text_input": "Hello", "max_tokens": 2})[0] == 200
+
+
+INVALID = "StatusCode.INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize(
+    ("tensors", "parameters", "field", "code"),
+    [
+        ({"text_input_override": ""}, None, "inputs", INVALID),
+        ({"top_p": 1.5}, None, "top_p", INVALID),
+        ({"max_tokens": 5000}, None, "max_new_tokens", INVALID),
+        ({"text_input_override": "word " * 600}, None, "inputs", INVALID),  # prompt over max_input_tokens
+        ({}, {"max_new_tokens": "ten"}, "max_new_tokens", INVALID),  # wrong parameter type
+        # Wrong tensor type: Triton itself rejects it before the model, and its gRPC frontend reports
+        # such request errors in-band, without a status code (even with `triton_grpc_error`).
+        ({"max_tokens": 4, "top_k": np.array([2.0], dtype=np.float32)}, None, "top_k", None),
+    ],
+)
+def test_invalid_requests_get_invalid_arg_naming_the_field(server, tensors, parameters, field, code):
+    tensors = dict(tensors)
+    prompt = tensors.pop("text_input_override", PROMPT)
+    reply = grpc_generate(server, prompt, parameters=parameters, **tensors)
+    assert reply.error is not None and not reply.texts
+    assert reply.error.status() == code
+    assert field in reply.error.message()
+    assert grpc_generate(server, "Hello", max_tokens=2).finals[-1] is True  # still serving
+
+
+def test_over_max_concurrent_requests_is_unavailable_and_overloaded(server):
+    before = read_metrics(server)
+    # Long enough (1000 tokens) that none can finish while the test runs.
+    streams = [OpenStream(server, f"Count to {i}", max_tokens=1000, ignore_eos=True)
+               for i in range(MAX_CONCURRENT_REQUESTS)]
+    try:
+        # All of them submitted (queued or running: both count against the limit).
+        assert wait_until(lambda: metric(read_metrics(server), "tgi_request_count")
+                          == metric(before, "tgi_request_count") + MAX_CONCURRENT_REQUESTS)
+        reply = grpc_generate(server, PROMPT, max_tokens=2)
+        assert reply.error is not None
+        assert reply.error.status() == "StatusCode.UNAVAILABLE"
+        assert reply.error.message() == "Model is overloaded"
+    finally:
+        for s in streams:
+            s.cancel()
+    assert wait_until(lambda: kv_settled(server))
+    overloaded = metric(read_metrics(server), "tgi_request_failure", err="overloaded")
+    assert overloaded == metric(before, "tgi_request_failure", err="overloaded") + 1
+    assert grpc_generate(server, "Hello", max_tokens=2).finals[-1] is True
+
+
+def test_http_invalid_request_is_a_400_with_tgi_message(server):
+    status, body = http_generate(server, {"text_input": PROMPT, "top_p": 1.5})
+    assert status == 400
+    assert body["error"] == "`top_p` must be > 0.0 and < 1.0"
+
+
+def test_metrics_count_the_traffic_sent(server):
+    before = read_metrics(server)
+    generated = []
+    for n in (2, 3, 4):
+        status, body = http_generate(server, {"text_input": PROMPT, "max_tokens": n})
+        assert status == 200
+        generated.append(body["num_output_tokens"])
+    streamed = grpc_generate(server, PROMPT, max_tokens=5)
+    generated.append(streamed.num_output_tokens)
+    for body in ({"text_input": ""}, {"text_input": PROMPT, "top_p": 1.5}):
+        assert http_generate(server, body)[0] == 400
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(read_metrics(server), name, **labels) - metric(before, name, **labels)
+
+    # Metrics are recorded on the responder thread right after each response: wait for them to land.
+    assert wait_until(lambda: delta("tgi_request_count") == 6 and delta("tgi_request_success") == 4
+                      and delta("tgi_request_failure", err="validation") == 2)
+    assert delta("tgi_request_generated_tokens_sum") == sum(generated)
+    assert delta("tgi_request_input_length_count") == 4
+    assert delta("tgi_request_duration_count") == 4
+    assert delta("tgi_request_queue_duration_count") == 4
+    assert delta("tgi_request_inference_duration_count") == 4
+    assert delta("tgi_request_mean_time_per_token_duration_count") == 4
+    assert delta("tgi_batch_inference_count", method="prefill") >= 1
+    assert delta("tgi_batch_inference_count", method="decode") >= 1
+    assert delta("tgi_batch_forward_duration_count", method="decode") >= 1
+    assert wait_until(lambda: kv_settled(server))
+    snap = read_metrics(server)
+    assert metric(snap, "tgi_kv_blocks_used") == 0
+    assert metric(snap, "tgi_queue_size") == 0
+    for name in ("tgi_batch_current_size", "tgi_batch_current_max_tokens"):
+        assert (name, frozenset()) in snap

@@ -1,0 +1,83 @@
+"""TGI's flags, their environment variables and start-up checks, with TGI's messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from tgi_llm.errors import ArgumentValidationError
+from tgi_llm.launcher.args import model_parameters, parse_args, validate
+
+
+def check(argv: list[str], env: dict[str, str] | None = None):
+    return validate(parse_args(argv, env or {}))
+
+
+def test_defaults_are_tgi_and_triton_defaults():
+    args = check([])
+    assert (args.http_port, args.grpc_port, args.metrics_port) == (8000, 8001, 8002)
+    assert args.max_concurrent_requests == 128 and args.max_waiting_tokens == 20
+    assert args.waiting_served_ratio == 0.3 and args.num_shard == 1
+    assert args.json_output is False and args.model_id is None
+
+
+def test_environment_variables_and_flags_over_them():
+    env = {"MAX_INPUT_TOKENS": "100", "MAX_TOTAL_TOKENS": "200", "JSON_OUTPUT": "true", "MODEL_ID": "m",
+           "HTTP_PORT": "9000"}
+    args = check([], env)
+    assert (args.max_input_tokens, args.max_total_tokens, args.json_output, args.model_id) == (100, 200, True, "m")
+    assert args.http_port == 9000
+    assert check(["--max-input-tokens", "150"], env).max_input_tokens == 150
+
+
+def test_switches_take_an_optional_value():
+    assert parse_args(["--json-output"], {}).json_output is True
+    assert parse_args(["--json-output", "false"], {}).json_output is False
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--max-input-tokens", "2048", "--max-total-tokens", "1024"],
+         "`max_input_tokens`(2048) must be < `max_total_tokens`(1024)"),
+        (["--max-input-tokens", "1000", "--max-total-tokens", "2000", "--max-batch-prefill-tokens", "500"],
+         "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 500 and 1000"),
+        (["--max-total-tokens", "4096", "--max-batch-total-tokens", "2048", "--max-batch-prefill-tokens", "1000"],
+         "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: 4096 and 2048"),
+        (["--max-input-tokens", "10", "--max-input-length", "10"], "Both `max_input_tokens` (10) and"),
+        (["--sharded", "false", "--num-shard", "2"], "`sharded` is false but `num_shard` > 1"),
+        (["--sharded", "true", "--num-shard", "1"], "`sharded` is true but `num_shard` <= 1"),
+        (["--num-shard", "0"], "`num_shard` cannot be < 1"),
+        (["--validation-workers", "0"], "`validation_workers` must be > 0"),
+    ],
+)
+def test_tgi_start_up_checks(argv, message):
+    with pytest.raises(ArgumentValidationError) as info:
+        check(argv)
+    assert message in str(info.value)
+
+
+def test_bad_environment_value_is_reported_by_name():
+    with pytest.raises(ArgumentValidationError, match="MAX_TOTAL_TOKENS"):
+        parse_args([], {"MAX_TOTAL_TOKENS": "lots"})
+
+
+def test_deprecated_max_input_length_fills_max_input_tokens():
+    assert check(["--max-input-length", "100", "--max-total-tokens", "200"]).max_input_tokens == 100
+
+
+def test_model_parameters_leave_unset_limits_empty():
+    args = check(["--max-total-tokens", "512", "--dtype", "float32"])
+    params = model_parameters(args, "/models/x")
+    assert params["model_id"] == "/models/x"
+    assert params["max_total_tokens"] == "512" and params["max_input_tokens"] == ""
+    assert params["dtype"] == "float32" and params["json_output"] == "false"
+
+
+def test_sharded_without_num_shard_uses_every_gpu():
+    from tgi_llm.launcher.args import count_cuda_devices, find_num_shards
+
+    assert find_num_shards(True, None, cuda_devices=lambda: 4) == 4
+    with pytest.raises(ArgumentValidationError, match="`sharded` is true but only found 1 CUDA devices"):
+        find_num_shards(True, None, cuda_devices=lambda: 1)
+    assert find_num_shards(None, None, cuda_devices=lambda: 4) == 1
+    assert count_cuda_devices({"CUDA_VISIBLE_DEVICES": "0,2"}) == 2

@@ -1,0 +1,91 @@
+"""Triton tensors and request parameters -> prompt, TGI parameters and the stream flag."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tgi_llm.errors import ValidationError
+from tgi_llm.triton.inputs import parse_request
+
+from .fakes import tensors
+
+
+def text(value: str) -> np.ndarray:
+    return np.array([value.encode()], dtype=np.object_)
+
+
+def test_prompt_and_defaults():
+    parsed = parse_request(tensors(text_input=text("Hello")), "")
+    assert parsed.inputs == "Hello"
+    assert parsed.params == {}
+    assert parsed.stream is False
+
+
+def test_tensor_names_become_tgi_parameters_with_python_types():
+    parsed = parse_request(tensors(
+        text_input=text("Hi"),
+        stream=np.array([True]),
+        max_tokens=np.array([7], dtype=np.int32),
+        temperature=np.array([0.7], dtype=np.float32),
+        top_k=np.array([3], dtype=np.int32),
+        seed=np.array([2**64 - 1], dtype=np.uint64),
+        do_sample=np.array([True]),
+        details=np.array([True]),
+        stop=np.array([b"\n", b"END"], dtype=np.object_),
+    ), None)
+    assert parsed.stream is True
+    assert parsed.params == {
+        "max_new_tokens": 7, "temperature": 0.7, "top_k": 3, "seed": 2**64 - 1, "do_sample": True,
+        "details": True, "stop": ["\n", "END"],
+    }
+    assert type(parsed.params["max_new_tokens"]) is int and type(parsed.params["do_sample"]) is bool
+
+
+def test_float32_values_keep_the_decimal_that_was_sent():
+    # 1.0 must stay 1.0 (not 1.0000000x) and 0.9 stay 0.9, or TGI's range checks misfire.
+    parsed = parse_request(tensors(text_input=text("x"), top_p=np.array([0.9], dtype=np.float32)), None)
+    assert parsed.params["top_p"] == 0.9
+
+
+def test_request_parameters_carry_tgi_names_and_tensors_win():
+    params = json.dumps({"max_new_tokens": 5, "repetition_penalty": 1.2, "max_tokens": 9, "priority": 1,
+                         "triton_enable_empty_final_response": True})
+    parsed = parse_request(tensors(text_input=text("x"), max_tokens=np.array([3], dtype=np.int32)), params)
+    assert parsed.params == {"max_new_tokens": 3, "repetition_penalty": 1.2}
+
+
+def test_stream_as_a_parameter():
+    assert parse_request(tensors(text_input=text("x")), json.dumps({"stream": True})).stream is True
+
+
+def test_exclude_input_in_output_is_the_inverse_of_return_full_text():
+    parsed = parse_request(tensors(text_input=text("x"), exclude_input_in_output=np.array([False])), None)
+    assert parsed.params["return_full_text"] is True
+    parsed = parse_request(tensors(text_input=text("x")), json.dumps({"exclude_input_in_output": True}))
+    assert parsed.params["return_full_text"] is False
+
+
+def test_vllm_sampling_parameters_json():
+    sampling = json.dumps({"max_tokens": 4, "temperature": 0, "top_k": -1, "top_p": 0.5})
+    parsed = parse_request(tensors(text_input=text("x"), sampling_parameters=text(sampling)), None)
+    assert parsed.params == {"max_new_tokens": 4, "top_p": 0.5}
+
+
+@pytest.mark.parametrize(
+    ("getter", "params", "field"),
+    [
+        (tensors(), None, "text_input"),
+        (tensors(text_input=np.array([b"a", b"b"], dtype=np.object_)), None, "text_input"),
+        (tensors(text_input=np.array([b"\xff"], dtype=np.object_)), None, "text_input"),
+        (tensors(text_input=text("x"), top_k=np.array([1, 2], dtype=np.int32)), None, "top_k"),
+        (tensors(text_input=text("x")), json.dumps({"stream": "yes"}), "stream"),
+        (tensors(text_input=text("x")), "{not json", "parameters"),
+        (tensors(text_input=text("x"), sampling_parameters=text("[1]")), None, "sampling_parameters"),
+    ],
+)
+def test_malformed_requests_name_the_field(getter, params, field):
+    with pytest.raises(ValidationError, match=field):
+        parse_request(getter, params)

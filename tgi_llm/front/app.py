@@ -1,0 +1,79 @@
+"""The FastAPI app: TGI's and OpenAI's routes over one Triton client, the API key, TGI's error bodies."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from tgi_llm.front import openai_routes, tgi_routes
+from tgi_llm.front.config import FrontConfig
+from tgi_llm.front.errors import FrontError
+from tgi_llm.front.protocol import TritonGenerateClient
+from tgi_llm.front.state import FrontState
+
+
+def _api_key_check(config: FrontConfig):
+    expected = f"Bearer {config.api_key}".lower() if config.api_key else None
+
+    async def check(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").lower()
+        # TGI compares the whole header case-insensitively; compare_digest keeps the timing flat.
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise FrontError("Unauthorized", "unauthorized")
+
+    return check
+
+
+def _public_router(state: FrontState) -> APIRouter:
+    """Health and metrics: never behind the API key (load balancers and Prometheus call them)."""
+    router = APIRouter()
+
+    async def health() -> Response:
+        if await state.client.ready():
+            return Response(status_code=200)
+        raise FrontError("unhealthy", "healthcheck")
+
+    router.add_api_route("/health", health, methods=["GET"])
+    router.add_api_route("/ping", health, methods=["GET"])
+    router.add_api_route("/", health, methods=["GET"])
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return PlainTextResponse(await state.client.metrics(), media_type="text/plain; version=0.0.4")
+
+    return router
+
+
+def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any = None) -> FastAPI:
+    state = FrontState(config=config, client=client, tokenizer=tokenizer)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await client.close()
+
+    app = FastAPI(title="tgi-llm", version=config.version, lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.front = state
+
+    @app.exception_handler(FrontError)
+    async def front_error(_: Request, exc: FrontError) -> Response:
+        return exc.response()
+
+    guarded = APIRouter(dependencies=[Depends(_api_key_check(config))])
+
+    @guarded.get("/info")
+    async def info() -> Response:
+        return JSONResponse(config.info())
+
+    guarded.include_router(tgi_routes.build_router(state))
+    guarded.include_router(openai_routes.build_router(state))
+    app.include_router(_public_router(state))
+    app.include_router(guarded)
+    return app

@@ -1,0 +1,85 @@
+"""TGI's error bodies and status codes: {"error", "error_type"} with 422 / 429 / 424."""
+
+from __future__ import annotations
+
+from fastapi.responses import JSONResponse
+
+#: TGI router's status per error_type (server.rs `impl From<InferError> for (StatusCode, Json<ErrorResponse>)`).
+STATUS = {
+    "validation": 422,
+    "overloaded": 429,
+    "generation": 424,
+    "incomplete_generation": 500,
+    "template_error": 422,
+    "unauthorized": 401,
+    "no fast tokenizer": 404,
+    "healthcheck": 503,
+    "cancelled": 499,
+    "shutdown": 503,
+    "unavailable": 503,
+}
+
+
+class FrontError(Exception):
+    """An error the client sees as TGI's ErrorResponse."""
+
+    def __init__(self, message: str, error_type: str = "generation") -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_type = error_type
+
+    @property
+    def status(self) -> int:
+        return STATUS.get(self.error_type, 500)
+
+    def body(self) -> dict[str, str]:
+        return {"error": self.message, "error_type": self.error_type}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def validation(message: str) -> FrontError:
+    return FrontError(message, "validation")
+
+
+_OVERLOADED = "Model is overloaded"
+
+
+def from_triton(message: str, grpc_status: str | None = None) -> FrontError:
+    """Classify an error Triton returned.
+
+    A unary call carries the gRPC status (INVALID_ARGUMENT = validation, UNAVAILABLE = overloaded); a
+    streaming response carries only the message, so the message decides there: the model words
+    overload as TGI does, and prefixes nothing else, so the status code or TGI's wording is all we have.
+    """
+    message = _strip_triton_prefix(message)
+    status = (grpc_status or "").upper()
+    if _OVERLOADED.lower() in message.lower() or status.endswith("RESOURCE_EXHAUSTED"):
+        return FrontError(_OVERLOADED, "overloaded")
+    if status.endswith("UNAVAILABLE"):  # Triton unreachable, or the model shutting down
+        return FrontError(message or "Triton is unavailable", "unavailable")
+    if status.endswith("INVALID_ARGUMENT") or _looks_like_validation(message):
+        return FrontError(message, "validation")
+    if status.endswith("CANCELLED"):
+        return FrontError(message or "Request was cancelled", "cancelled")
+    return FrontError(message or "Request failed during generation", "generation")
+
+
+def _strip_triton_prefix(message: str) -> str:
+    # Triton prepends "[request id: X] " to errors of requests that carry an id.
+    message = message.strip()
+    if message.startswith("[request id:"):
+        end = message.find("] ")
+        if end != -1:
+            message = message[end + 2 :]
+    return message
+
+
+#: The shapes of TGI's validation messages (validation.rs): they name a field in backticks, or say what is
+#: not supported/allowed. Only used when the status code did not come with the message (streaming gRPC).
+_VALIDATION_MARKERS = ("must be", "is not supported", "not allowed", "cannot be empty", "Input validation error")
+
+
+def _looks_like_validation(message: str) -> bool:
+    return message.startswith("`") or any(marker in message for marker in _VALIDATION_MARKERS)

@@ -1,0 +1,77 @@
+"""`tgi-llm-front`: serve TGI's and OpenAI's HTTP APIs on --port over a running Triton's gRPC port."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import fields
+
+from tgi_llm.front.config import FrontConfig, InfoLimits
+
+logger = logging.getLogger("tgi_llm.front")
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    value = os.environ.get(name)
+    return value if value not in (None, "") else default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tgi-llm-front", description=__doc__)
+    # TGI's router reads the same environment variables.
+    p.add_argument("--port", type=int, default=int(_env("PORT", "3000")))
+    p.add_argument("--hostname", default="0.0.0.0")
+    p.add_argument("--triton-grpc-url", default="127.0.0.1:8001", help="host:port of Triton's gRPC endpoint")
+    p.add_argument("--triton-metrics-url", default="http://127.0.0.1:8002/metrics", help="'' disables /metrics")
+    p.add_argument("--model-name", default="tgi_llm", help="the Triton model to call")
+    p.add_argument("--model-id", default=None, help="the name /info, /v1/models and OpenAI responses report")
+    p.add_argument("--tokenizer-dir", default=None, help="HF directory with the tokenizer (chat template, /tokenize)")
+    p.add_argument("--api-key", default=_env("API_KEY"), help="require `Authorization: Bearer <key>`")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
+    for f in fields(InfoLimits):
+        kind = float if f.type in ("float", float) else int
+        p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None, dest=f.name)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> FrontConfig:
+    given = {f.name: getattr(args, f.name) for f in fields(InfoLimits)}
+    limits = InfoLimits(**{name: value for name, value in given.items() if value is not None})
+    return FrontConfig(
+        model_id=args.model_id or args.model_name,
+        model_name=args.model_name,
+        api_key=args.api_key or None,
+        limits=limits,
+        model_dtype=args.dtype,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from tgi_llm.front.app import create_app
+    from tgi_llm.front.triton_client import TritonGrpcClient
+
+    tokenizer = None
+    if args.tokenizer_dir:
+        from tgi_llm.front.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer_dir)
+    else:
+        logger.warning("no --tokenizer-dir: /v1/chat/completions and /tokenize are unavailable")
+    config = config_from_args(args)
+    client = TritonGrpcClient(args.triton_grpc_url, args.model_name, args.triton_metrics_url or None)
+    app = create_app(config, client, tokenizer)
+    logger.info("serving %s on http://%s:%d (Triton gRPC %s)", config.model_id, args.hostname, args.port,
+                args.triton_grpc_url)
+    uvicorn.run(app, host=args.hostname, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=30)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The narrow interface between the HTTP routes and Triton: one request in, decoded responses out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    id: int
+    text: str
+    logprob: float | None
+    special: bool = False
+
+
+@dataclass(frozen=True)
+class GenerateSpec:
+    """What the front asks Triton for: the prompt and TGI parameters (names as TGI's GenerateParameters)."""
+
+    inputs: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One decoded Triton response. Token fields are empty when the model sent none with this response."""
+
+    text: str = ""  # the text delta this response adds (the whole text on a non-streaming final)
+    tokens: list[TokenInfo] = field(default_factory=list)
+    top_tokens: list[list[TokenInfo]] = field(default_factory=list)
+    final: bool = False
+    # Only on the final response:
+    finish_reason: str | None = None  # TGI's: length, eos_token, stop_sequence
+    input_tokens: int | None = None
+    generated_tokens: int | None = None
+    seed: int | None = None
+    prefill: list[TokenInfo] = field(default_factory=list)
+
+
+class TritonGenerateClient(Protocol):
+    """Leaving `stream` early (aclose, task cancelled) cancels the Triton request: its KV blocks come back."""
+
+    def stream(self, spec: GenerateSpec, request_id: str) -> AsyncIterator[Chunk]: ...
+
+    async def ready(self) -> bool: ...
+
+    async def metrics(self) -> str: ...
+
+    async def close(self) -> None: ...

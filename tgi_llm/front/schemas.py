@@ -1,0 +1,301 @@
+"""Request and response shapes of TGI's router and of OpenAI's API (the fields TGI implements)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---------------------------------------------------------------- TGI
+
+
+class GenerateParameters(BaseModel):
+    """TGI's GenerateParameters. Unknown fields are ignored, as serde does for TGI."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    best_of: int | None = None
+    decoder_input_details: bool = False
+    details: bool = False
+    do_sample: bool = False
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    grammar: Any = None
+    max_new_tokens: int | None = None
+    repetition_penalty: float | None = None
+    return_full_text: bool | None = None
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_n_tokens: int | None = None
+    top_p: float | None = None
+    truncate: int | None = None
+    typical_p: float | None = None
+    watermark: bool = False
+    adapter_id: str | None = None
+
+    def to_engine(self) -> dict[str, Any]:
+        """The set parameters by TGI name, for the engine (which validates them with TGI's messages)."""
+        out = self.model_dump(exclude_none=True, exclude={"adapter_id"})
+        for flag in ("decoder_input_details", "details", "do_sample", "watermark"):
+            if not out.get(flag):
+                out.pop(flag, None)
+        if isinstance(out.get("stop"), str):
+            out["stop"] = [out["stop"]]
+        return out
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    inputs: str
+    parameters: GenerateParameters = Field(default_factory=GenerateParameters)
+
+
+class CompatGenerateRequest(GenerateRequest):
+    stream: bool = False
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    logprob: float | None
+    special: bool = False
+
+
+class PrefillToken(BaseModel):
+    id: int
+    text: str
+    logprob: float | None
+
+
+class Details(BaseModel):
+    finish_reason: str
+    generated_tokens: int
+    seed: int | None
+    prefill: list[PrefillToken] = Field(default_factory=list)
+    tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] | None = None  # TGI leaves it out when empty
+
+
+class GenerateResponse(BaseModel):
+    generated_text: str
+    details: Details | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        # Not exclude_none: null logprobs (the first prefill token) and a null seed are part of TGI's shape.
+        out = self.model_dump()
+        if self.details is None:
+            del out["details"]
+        elif self.details.top_tokens is None:
+            del out["details"]["top_tokens"]
+        return out
+
+
+class StreamDetails(BaseModel):
+    finish_reason: str
+    generated_tokens: int
+    seed: int | None
+    input_length: int
+
+
+class StreamResponse(BaseModel):
+    index: int
+    token: Token
+    top_tokens: list[Token] = Field(default_factory=list)
+    generated_text: str | None = None
+    details: StreamDetails | None = None
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    start: int
+    stop: int
+
+
+# ---------------------------------------------------------------- OpenAI
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """Plain {role, content} with content parts joined: chat templates expect a string."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if part.get("type", "text") == "text")
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.name:
+            out["name"] = self.name
+        return out
+
+
+class SamplingRequest(BaseModel):
+    """The sampling fields OpenAI's chat and completions requests share."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: list[str] | str | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None  # TGI's extension
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+    def to_engine(self) -> dict[str, Any]:
+        """TGI's mapping: temperature 0 means greedy, any other (or none) samples."""
+        params: dict[str, Any] = {}
+        if self.temperature == 0.0:
+            params["do_sample"] = False
+        else:
+            params["do_sample"] = True
+            if self.temperature is not None:
+                params["temperature"] = self.temperature
+        for name in ("top_p", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+            value = getattr(self, name)
+            if value is not None:
+                params[name] = value
+        if self.max_tokens is not None:
+            params["max_new_tokens"] = self.max_tokens
+        if self.stop:
+            params["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return params
+
+
+class ChatRequest(SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: Any = None
+
+    def to_engine(self) -> dict[str, Any]:
+        params = super().to_engine()
+        if self.max_tokens is None and self.max_completion_tokens is not None:
+            params["max_new_tokens"] = self.max_completion_tokens
+        if self.logprobs:
+            params["details"] = True
+            if self.top_logprobs:
+                params["top_n_tokens"] = self.top_logprobs
+        return params
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatLogprob]
+
+
+class ChatCompletionMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatCompletionMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    logprobs: Any = None
+    finish_reason: str | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

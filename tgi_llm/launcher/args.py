@@ -1,0 +1,201 @@
+"""TGI's launcher flags (with their environment variables) plus Triton's ports, and TGI's start-up checks.
+
+A flag's environment variable is its name in upper snake case (`--max-input-tokens` ->
+MAX_INPUT_TOKENS), as clap's `env` gives TGI; the command line wins over the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tgi_llm.errors import ArgumentValidationError
+
+logger = logging.getLogger("tgi_llm.launcher")
+
+DTYPES = ("float32", "float16", "bfloat16")
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+@dataclass(frozen=True)
+class Flag:
+    name: str  # the long flag without dashes, snake case
+    type: Any = str
+    default: Any = None
+    help: str = ""
+    env: str | None = ""  # "" = NAME in upper case; None = no environment variable
+    choices: Sequence[str] | None = None
+    switch: bool = False  # a bare `--flag` means true (TGI's boolean flags)
+
+    @property
+    def env_name(self) -> str | None:
+        return self.name.upper() if self.env == "" else self.env
+
+
+FLAGS: list[Flag] = [
+    Flag("model_id", help="Hub id, local HF directory or .gguf file (default: SmolLM2-135M-Instruct)"),
+    Flag("revision", help="Hub revision (branch, tag or commit)"),
+    Flag("validation_workers", int, 2, "Kept for TGI compatibility (validation runs in the model)"),
+    Flag("sharded", _bool, None, "Shard the model across GPUs"),
+    Flag("num_shard", int, None, "Number of shards (GPUs)"),
+    Flag("quantize", help="Not supported: weights run in --dtype (GGUF files are dequantized)"),
+    Flag("dtype", choices=DTYPES, help="float32 on CPU, bfloat16 on CUDA by default"),
+    Flag("trust_remote_code", switch=True, default=False),
+    Flag("max_concurrent_requests", int, 128),
+    Flag("max_best_of", int, 2),
+    Flag("max_stop_sequences", int, 4),
+    Flag("max_top_n_tokens", int, 5),
+    Flag("max_input_tokens", int, None, "Longest prompt, in tokens"),
+    Flag("max_input_length", int, None, "Deprecated alias of --max-input-tokens"),
+    Flag("max_total_tokens", int, None, "Longest prompt + generation, in tokens"),
+    Flag("waiting_served_ratio", float, 0.3),
+    Flag("max_batch_prefill_tokens", int, None),
+    Flag("max_batch_total_tokens", int, None, "KV-cache size in tokens (default: from --kv-cache-memory-gb)"),
+    Flag("max_waiting_tokens", int, 20),
+    Flag("max_batch_size", int, None),
+    Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: 2 GiB on CPU, 80%% of free memory on CUDA)"),
+    Flag("huggingface_hub_cache", help="Where hub downloads go"),
+    Flag("json_output", switch=True, default=False, help="Log JSON lines"),
+    Flag("log_level", default="info", env="LOG_LEVEL", help="TGI's LOG_LEVEL (info, debug, warn, error)"),
+    Flag("graceful_termination_timeout", int, 90, "Seconds to finish in-flight requests on SIGTERM"),
+    Flag("hostname", default="0.0.0.0", env=None, help="Address Triton's endpoints listen on"),
+    Flag("http_port", int, 8000, "Triton HTTP port (generate, generate_stream, health)"),
+    Flag("grpc_port", int, 8001, "Triton gRPC port (streaming inference)"),
+    Flag("metrics_port", int, 8002, "Triton metrics port (tgi_* and nv_* metrics)"),
+    Flag("model_repository", env="TGI_LLM_MODEL_REPOSITORY",
+         help="Directory to write the model repository into (default: a temporary directory)"),
+    Flag("tritonserver", env="TRITONSERVER", help="tritonserver binary (default: system, else nvidia-pytriton's)"),
+]
+
+
+def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    env = os.environ if env is None else env
+    parser = argparse.ArgumentParser(
+        prog="tgi-llm-launcher",
+        description="Serve a model with TGI's engine inside NVIDIA Triton (tritonserver + Python backend).",
+    )
+    for flag in FLAGS:
+        option = "--" + flag.name.replace("_", "-")
+        default = flag.default
+        raw = env.get(flag.env_name) if flag.env_name else None
+        if raw not in (None, ""):
+            default = _from_env(flag, raw)
+        help_text = flag.help + (f" [env: {flag.env_name}]" if flag.env_name else "")
+        if flag.switch:
+            # `--json-output` alone means true; `--json-output false` is accepted too.
+            parser.add_argument(option, nargs="?", const=True, type=_bool, default=default, help=help_text)
+        else:
+            parser.add_argument(option, type=flag.type, default=default, choices=flag.choices, help=help_text)
+    return parser
+
+
+def _from_env(flag: Flag, raw: str) -> Any:
+    kind = _bool if flag.switch else flag.type
+    try:
+        value = kind(raw)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise ArgumentValidationError(f"environment variable {flag.env_name}={raw!r} is not a valid value") from None
+    if flag.choices and value not in flag.choices:
+        raise ArgumentValidationError(f"{flag.env_name} must be one of {', '.join(flag.choices)}. Given: {raw}")
+    return value
+
+
+def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> argparse.Namespace:
+    return build_parser(env).parse_args(argv)
+
+
+def count_cuda_devices(env: Mapping[str, str] | None = None) -> int:
+    """CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L` (no torch import in the launcher)."""
+    env = os.environ if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def find_num_shards(sharded: bool | None, num_shard: int | None,
+                    cuda_devices: Callable[[], int] = count_cuda_devices) -> int:
+    """TGI's rules and messages. One difference: with neither flag set TGI shards over every GPU; we
+    run one shard, because not every model splits evenly (the default model's 3 KV heads do not)."""
+    if sharded is True and num_shard is None:
+        n = cuda_devices()
+        if n <= 1:
+            raise ArgumentValidationError(f"`sharded` is true but only found {n} CUDA devices")
+        return n
+    if sharded is True and num_shard == 1:
+        raise ArgumentValidationError("`sharded` is true but `num_shard` <= 1")
+    if sharded is False and num_shard is not None and num_shard > 1:
+        raise ArgumentValidationError("`sharded` is false but `num_shard` > 1")
+    n = num_shard if num_shard is not None else 1
+    if n < 1:
+        raise ArgumentValidationError("`num_shard` cannot be < 1")
+    return n
+
+
+def validate(args: argparse.Namespace) -> argparse.Namespace:
+    """TGI's launcher checks, with its messages; fills max_input_tokens from the deprecated alias."""
+    if args.max_input_tokens is not None and args.max_input_length is not None:
+        raise ArgumentValidationError(
+            f"Both `max_input_tokens` ({args.max_input_tokens}) and `max_input_length` ({args.max_input_length}) "
+            "are set. Please define only `max_input_tokens` as `max_input_length is deprecated for naming "
+            "consistency."
+        )
+    if args.max_input_tokens is None:
+        args.max_input_tokens = args.max_input_length
+    if args.validation_workers == 0:
+        raise ArgumentValidationError("`validation_workers` must be > 0")
+    if args.quantize:
+        raise ArgumentValidationError(f"`quantize` {args.quantize!r} is not supported; pass a GGUF file or --dtype")
+    if args.trust_remote_code:
+        logger.warning("`trust_remote_code` is set. Trusting that model `%s` do not contain malicious code.",
+                       args.model_id)
+    args.num_shard = find_num_shards(args.sharded, args.num_shard)
+    # The limit combinations: the engine's own check, so launcher and model agree on every message.
+    from tgi_llm.engine.limits import check_static_limits
+
+    check_static_limits(limit_options(args))
+    return args
+
+
+def limit_options(args: argparse.Namespace) -> Any:
+    from dataclasses import fields
+
+    from tgi_llm.engine.limits import LimitOptions
+
+    return LimitOptions(**{f.name: getattr(args, f.name) for f in fields(LimitOptions) if hasattr(args, f.name)})
+
+
+def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[str, str]:
+    """The config.pbtxt `parameters` for these flags (unset values left empty: the engine derives them)."""
+    from dataclasses import fields
+
+    from tgi_llm.engine.limits import LimitOptions
+
+    values: dict[str, Any] = {f.name: getattr(args, f.name, None) for f in fields(LimitOptions)}
+    values |= {
+        "model_id": model_dir if model_dir is not None else args.model_id,
+        "dtype": args.dtype,
+        "num_shard": args.num_shard,
+        "kv_cache_memory_gb": args.kv_cache_memory_gb,
+        "json_output": "true" if args.json_output else "false",
+    }
+    return {k: "" if v is None else str(v) for k, v in values.items()}

@@ -1,0 +1,140 @@
+"""tritonserver as a child process: start, wait for readiness, forward SIGINT/SIGTERM once for a
+graceful stop (a second signal kills it), optionally re-emit its log lines as JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+
+from tgi_llm.launcher.logs import json_line
+
+logger = logging.getLogger("tgi_llm.launcher")
+
+_TRITON_LEVELS = {"I": "INFO", "W": "WARN", "E": "ERROR", "V": "DEBUG"}
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM if the launcher dies without stopping us (Linux only)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def triton_line_as_json(line: str) -> str:
+    """Triton logs `I1122 16:31:12.047 3948 file.cc:12] "message"`; our stub's own lines are JSON already."""
+    text = line.rstrip("\n")
+    if text.startswith("{"):
+        return text
+    level = _TRITON_LEVELS.get(text[:1], "INFO") if text[1:2].isdigit() else "INFO"
+    return json_line(text, level)
+
+
+_LOAD_FAILURE = re.compile(r"failed to load '[^']+' version \d+: (.*)")
+
+
+def load_failure(line: str) -> str | None:
+    """The reason in `failed to load 'tgi_llm' version 1: Internal: ValueError: ...` (first line only)."""
+    match = _LOAD_FAILURE.search(line)
+    if match is None:
+        return None
+    return match.group(1).split("\\n")[0].strip().rstrip('"')
+
+
+class ServerProcess:
+    def __init__(self, command: Sequence[str], env: dict[str, str], json_output: bool = False) -> None:
+        self.command = list(command)
+        self.env = env
+        self.json_output = json_output
+        self.process: subprocess.Popen | None = None
+        self.stop_requested = False
+        self.load_error: str | None = None  # why the model failed to load, from tritonserver's log
+        self._pump: threading.Thread | None = None
+
+    def start(self) -> None:
+        # Piped (not inherited) so a load failure's reason can be quoted in the launcher's own error.
+        self.process = subprocess.Popen(
+            self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            errors="replace", start_new_session=True,  # a terminal's Ctrl-C reaches only us; we forward it once
+            preexec_fn=_die_with_parent,
+        )
+        self._pump = threading.Thread(target=self._pump_lines, name="tritonserver-log", daemon=True)
+        self._pump.start()
+
+    def _pump_lines(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            reason = load_failure(line)
+            if reason and self.load_error is None:
+                self.load_error = reason
+            print(triton_line_as_json(line) if self.json_output else line.rstrip("\n"), file=sys.stderr, flush=True)
+
+    def wait_ready(self, url: str, poll_s: float = 0.5) -> bool:
+        """True once `url` answers 200; False if the server exits or a stop is requested first."""
+        assert self.process is not None
+        while self.process.poll() is None and not self.stop_requested:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    if response.status == 200:
+                        return True
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(poll_s)
+        return False
+
+    def wait(self) -> int:
+        assert self.process is not None
+        while True:
+            try:
+                code = self.process.wait()
+                break
+            except KeyboardInterrupt:  # only if our handler is not installed
+                self.request_stop()
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+        return code
+
+    def request_stop(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            self.stop_requested = True
+            return
+        if self.stop_requested:
+            logger.warning("second stop signal: killing tritonserver")
+            self.process.kill()
+            return
+        self.stop_requested = True
+        logger.info("stopping tritonserver (in-flight requests finish first; signal again to kill)")
+        self.process.send_signal(signal.SIGTERM)
+
+    @contextlib.contextmanager
+    def forward_signals(self) -> Iterator[None]:
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def handler(signum: int, _frame: object) -> None:
+            logger.info("received %s", signal.Signals(signum).name)
+            self.request_stop()
+
+        for sig in previous:
+            signal.signal(sig, handler)
+        try:
+            yield
+        finally:
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+            if self.process is not None and self.process.poll() is None:
+                self.request_stop()  # leaving early (an exception): never leave tritonserver behind
+                try:
+                    self.process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()

@@ -1,0 +1,156 @@
+"""Triton request -> (prompt, TGI parameters, stream): the tensor names of Triton's vLLM/TRT-LLM models,
+plus TGI's parameter names sent as Triton request parameters (what the HTTP generate extension makes
+of JSON keys that are not inputs). Pure numpy/json, so it is tested without Triton.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tgi_llm.errors import ValidationError
+
+#: Scalar input tensors and the TGI parameter each one sets (config.pbtxt declares the same names).
+SCALAR_INPUTS: dict[str, str] = {
+    "max_tokens": "max_new_tokens",
+    "max_new_tokens": "max_new_tokens",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "typical_p": "typical_p",
+    "repetition_penalty": "repetition_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "seed": "seed",
+    "do_sample": "do_sample",
+    "details": "details",
+    "top_n_tokens": "top_n_tokens",
+    "truncate": "truncate",
+    "decoder_input_details": "decoder_input_details",
+    "return_full_text": "return_full_text",
+    "ignore_eos": "ignore_eos",
+}
+
+#: Triton's LLM names that mean a TGI parameter under another name (as request parameters too).
+PARAMETER_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens"}
+
+#: Request parameters Triton itself may attach; never TGI parameters.
+_TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    inputs: str
+    params: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False
+
+
+TensorGetter = Callable[[str], "np.ndarray | None"]
+
+
+def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | None) -> ParsedRequest:
+    """Read one request. `tensor(name)` returns the input as a numpy array, or None when absent."""
+    params = _parameters(parameters)
+    sampling = tensor("sampling_parameters")
+    if sampling is not None:
+        params |= _vllm_sampling_parameters(_prompt_like("sampling_parameters", sampling))
+    for name, target in SCALAR_INPUTS.items():
+        value = tensor(name)
+        if value is not None:
+            params[target] = _scalar(name, value)
+    stop = tensor("stop")
+    if stop is not None:
+        params["stop"] = [_text("stop", v) for v in np.asarray(stop).reshape(-1)]
+    stream = params.pop("stream", False)
+    value = tensor("stream")
+    if value is not None:
+        stream = _scalar("stream", value)
+    if not isinstance(stream, bool):
+        raise ValidationError(f"`stream` must be a boolean. Given: {stream!r}")
+    exclude = params.pop("exclude_input_in_output", None)
+    value = tensor("exclude_input_in_output")
+    if value is not None:
+        exclude = _scalar("exclude_input_in_output", value)
+    if exclude is not None:
+        if not isinstance(exclude, bool):
+            raise ValidationError(f"`exclude_input_in_output` must be a boolean. Given: {exclude!r}")
+        params["return_full_text"] = not exclude
+    return ParsedRequest(inputs=_prompt(tensor("text_input")), params=params, stream=stream)
+
+
+def _parameters(raw: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValidationError(f"request parameters are not valid JSON: {exc}") from None
+    out: dict[str, Any] = {}
+    for key, value in dict(raw).items():
+        if key in _TRITON_PARAMETERS or key.startswith("triton_"):
+            continue
+        out[PARAMETER_ALIASES.get(key, key)] = value
+    return out
+
+
+def _vllm_sampling_parameters(raw: str) -> dict[str, Any]:
+    """Triton's vLLM model takes its sampling parameters as one JSON string; tools built for it send
+    that. vLLM's "disabled" values (top_k -1, temperature 0 = greedy) become TGI's "not set"."""
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ValidationError(f"`sampling_parameters` must be a JSON object: {exc}") from None
+    if not isinstance(values, dict):
+        raise ValidationError("`sampling_parameters` must be a JSON object")
+    out = _parameters(values)
+    if out.get("top_k") in (-1, 0):
+        out.pop("top_k")
+    if out.get("temperature") in (0, 0.0):
+        out.pop("temperature")
+    return out
+
+
+def _prompt(value: np.ndarray | None) -> str:
+    if value is None:
+        raise ValidationError("`text_input` is required")
+    return _prompt_like("text_input", value)
+
+
+def _prompt_like(name: str, value: np.ndarray) -> str:
+    flat = np.asarray(value).reshape(-1)
+    if flat.size != 1:
+        raise ValidationError(f"`{name}` must hold exactly one string. Given: {flat.size}")
+    return _text(name, flat[0])
+
+
+def _text(name: str, value: Any) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValidationError(f"`{name}` must be valid UTF-8") from None
+    if isinstance(value, str):
+        return value
+    raise ValidationError(f"`{name}` must be a string. Given: {value!r}")
+
+
+def _scalar(name: str, value: np.ndarray) -> Any:
+    flat = np.asarray(value).reshape(-1)
+    if flat.size != 1:
+        raise ValidationError(f"`{name}` must hold exactly one value. Given: {flat.size}")
+    item = flat[0]
+    if isinstance(item, np.bool_ | bool):
+        return bool(item)
+    if isinstance(item, np.integer):
+        return int(item)
+    if isinstance(item, np.floating):
+        # float32 tensors: 0.9 arrives as 0.899999976; round back so TGI's checks see what was sent.
+        return float(np.format_float_positional(item, unique=True)) if item.dtype == np.float32 else float(item)
+    if isinstance(item, bytes | str):
+        return _text(name, item)
+    return item

@@ -1,0 +1,117 @@
+"""TGI's Prometheus metrics, served on Triton's metrics port through `pb_utils.MetricFamily`.
+
+Every call here is a blocking round trip to the Triton process, so only the responder thread
+records metrics (never the engine thread), gauges are written only when they change, and the
+engine's per-step timings are drained in batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tgi_llm.engine.stats import EngineStats, StepStats
+from tgi_llm.events import FinalEvent
+from tgi_llm.triton.status import failure_label
+
+#: family_factory(name, description, kind) -> an object with `.Metric(labels=..., buckets=...)`,
+#: as pb_utils.MetricFamily; kind is "counter", "gauge" or "histogram".
+FamilyFactory = Callable[[str, str, str], Any]
+
+#: TGI's duration buckets: 0.2 ms doubling up to ~52 s.
+DURATION_BUCKETS = [0.0001 * 2**i for i in range(1, 20)]
+
+_COUNTERS = {
+    "tgi_request_count": "Requests received (valid or not)",
+    "tgi_request_success": "Requests that finished with generated text",
+    "tgi_request_failure": "Requests that ended with an error, by error type",
+    "tgi_batch_inference_count": "Forward passes run, by method (prefill or decode)",
+    "tgi_batch_inference_success": "Forward passes that succeeded, by method",
+}
+_GAUGES = {
+    "tgi_queue_size": "Requests waiting to be admitted into the batch",
+    "tgi_batch_current_size": "Requests in the running batch",
+    "tgi_batch_current_max_tokens": "Tokens the running batch may use at most (prompts + max new tokens)",
+    "tgi_kv_blocks_total": "KV-cache blocks in the pool",
+    "tgi_kv_blocks_used": "KV-cache blocks held by requests",
+    "tgi_kv_blocks_free": "KV-cache blocks free",
+}
+_HISTOGRAMS = {
+    "tgi_request_duration": "Seconds from request received to its final response",
+    "tgi_request_queue_duration": "Seconds a request waited before its prefill",
+    "tgi_request_inference_duration": "Seconds from prefill to the last token",
+    "tgi_request_mean_time_per_token_duration": "Inference seconds per generated token",
+    "tgi_request_generated_tokens": "Tokens generated per request",
+    "tgi_request_input_length": "Prompt tokens per request",
+    "tgi_batch_forward_duration": "Seconds per forward pass, by method",
+}
+
+
+def _linear_buckets(limit: int) -> list[float]:
+    step = max(limit / 20.0, 1.0)
+    return [step * (i + 1) for i in range(20)]
+
+
+class TgiMetrics:
+    def __init__(self, family_factory: FamilyFactory, max_input_tokens: int, max_total_tokens: int) -> None:
+        self._families: dict[str, Any] = {}
+        for kind, table in (("counter", _COUNTERS), ("gauge", _GAUGES), ("histogram", _HISTOGRAMS)):
+            for name, description in table.items():
+                self._families[name] = family_factory(name, description, kind)
+        self._buckets = {
+            "tgi_request_generated_tokens": _linear_buckets(max_total_tokens),
+            "tgi_request_input_length": _linear_buckets(max_input_tokens),
+        }
+        self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+        self._gauge_values: dict[str, float] = {}
+
+    def _metric(self, name: str, **labels: str) -> Any:
+        key = (name, tuple(sorted(labels.items())))
+        metric = self._metrics.get(key)
+        if metric is None:
+            if name in _HISTOGRAMS:
+                buckets = self._buckets.get(name, DURATION_BUCKETS)
+                metric = self._families[name].Metric(labels=labels, buckets=buckets)
+            else:
+                metric = self._families[name].Metric(labels=labels)
+            self._metrics[key] = metric
+        return metric
+
+    def request_received(self, count: int = 1) -> None:
+        self._metric("tgi_request_count").increment(float(count))
+
+    def request_failed(self, error: BaseException) -> None:
+        self._metric("tgi_request_failure", err=failure_label(error)).increment(1.0)
+
+    def request_succeeded(self, final: FinalEvent, duration_s: float) -> None:
+        self._metric("tgi_request_success").increment(1.0)
+        self._metric("tgi_request_duration").observe(duration_s)
+        self._metric("tgi_request_queue_duration").observe(final.queue_time_s)
+        self._metric("tgi_request_inference_duration").observe(final.inference_time_s)
+        if final.generated_tokens > 0:
+            per_token = final.inference_time_s / final.generated_tokens
+            self._metric("tgi_request_mean_time_per_token_duration").observe(per_token)
+        self._metric("tgi_request_generated_tokens").observe(float(final.generated_tokens))
+        self._metric("tgi_request_input_length").observe(float(final.input_tokens))
+
+    def engine_stats(self, stats: EngineStats) -> None:
+        self._gauge("tgi_queue_size", stats.queue_size)
+        self._gauge("tgi_batch_current_size", stats.batch_size)
+        self._gauge("tgi_batch_current_max_tokens", stats.batch_max_tokens)
+        self._gauge("tgi_kv_blocks_total", stats.kv_blocks_total)
+        self._gauge("tgi_kv_blocks_used", stats.kv_blocks_used)
+        self._gauge("tgi_kv_blocks_free", stats.kv_blocks_free)
+
+    def steps(self, steps: Iterable[StepStats]) -> None:
+        counts: dict[str, int] = {}
+        for step in steps:
+            counts[step.method] = counts.get(step.method, 0) + 1
+            self._metric("tgi_batch_forward_duration", method=step.method).observe(step.forward_s)
+        for method, n in counts.items():
+            self._metric("tgi_batch_inference_count", method=method).increment(float(n))
+            self._metric("tgi_batch_inference_success", method=method).increment(float(n))
+
+    def _gauge(self, name: str, value: float) -> None:
+        if self._gauge_values.get(name) != value:
+            self._metric(name).set(float(value))
+            self._gauge_values[name] = value

@@ -1,0 +1,52 @@
+"""The Triton Python-backend model (re-exported by model_repository/tgi_llm/1/model.py).
+
+Thin on purpose: `initialize` builds the engine from the config's parameters, `execute` hands each
+request to the adapter and returns None (decoupled: responses come from the responder thread),
+`finalize` stops the engine and ends every request in flight with an error response.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+
+from tgi_llm.launcher.logs import setup_logging
+from tgi_llm.triton.adapter import TritonAdapter
+from tgi_llm.triton.config import config_parameters, responder_options
+from tgi_llm.triton.metrics import TgiMetrics
+from tgi_llm.triton.pb_api import PbRequestIO, PbResponses, pb_family_factory
+from tgi_llm.triton.responder import Responder
+
+logger = logging.getLogger("tgi_llm.triton")
+
+
+class TritonPythonModel:
+    def initialize(self, args: dict[str, Any]) -> None:
+        config = json.loads(args["model_config"])
+        params = config_parameters(config)
+        setup_logging(os.environ.get("LOG_LEVEL"), params.get("json_output", "").lower() == "true")
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise pb_utils.TritonModelException("tgi_llm needs model_transaction_policy { decoupled: true }")
+        from tgi_llm.engine import EngineOptions, build_engine
+
+        engine = build_engine(EngineOptions.from_parameters(params))
+        limits = engine.limits
+        logger.info("engine ready: %s", limits)
+        metrics = TgiMetrics(pb_family_factory(pb_utils), limits.max_input_tokens, limits.max_total_tokens)
+        responder = Responder(PbResponses(pb_utils), metrics, engine.stats, engine.drain_step_stats,
+                              **responder_options(params))
+        self.io = PbRequestIO(pb_utils)
+        self.adapter = TritonAdapter(engine, responder)
+        self.adapter.start()
+
+    def execute(self, requests: list[Any]) -> None:
+        self.adapter.execute(requests, self.io)
+        return None
+
+    def finalize(self) -> None:
+        logger.info("stopping the engine")
+        self.adapter.finalize()

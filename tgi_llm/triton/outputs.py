@@ -1,0 +1,102 @@
+"""Engine events -> output tensors (as numpy arrays by name), named as Triton's vLLM/TRT-LLM models do.
+
+`text_output` is the text delta of one token when streaming and the whole text otherwise; the
+final response also carries `finish_reason` and the token counts. Token ids, logprobs and top
+tokens (TGI's `details`) are sent only when the request asked for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from tgi_llm.events import FinalEvent, PrefillToken, Token, TokenEvent
+
+Outputs = dict[str, np.ndarray]
+
+TEXT = "text_output"
+FINISH_REASON = "finish_reason"
+NUM_INPUT = "num_input_tokens"
+NUM_OUTPUT = "num_output_tokens"
+SEED = "seed"
+TOKEN_IDS = "token_ids"
+TOKEN_TEXTS = "token_texts"
+TOKEN_LOGPROBS = "token_logprobs"
+TOKEN_SPECIAL = "token_special"
+TOP_IDS = "top_token_ids"
+TOP_TEXTS = "top_token_texts"
+TOP_LOGPROBS = "top_token_logprobs"
+PREFILL_IDS = "prefill_token_ids"
+PREFILL_TEXTS = "prefill_token_texts"
+PREFILL_LOGPROBS = "prefill_token_logprobs"
+
+
+def _strings(values: Sequence[str]) -> np.ndarray:
+    return np.array([v.encode("utf-8") for v in values], dtype=np.object_)
+
+
+def _tokens(tokens: Sequence[Token]) -> Outputs:
+    return {
+        TOKEN_IDS: np.array([t.id for t in tokens], dtype=np.int64),
+        TOKEN_TEXTS: _strings([t.text for t in tokens]),
+        TOKEN_LOGPROBS: np.array([t.logprob for t in tokens], dtype=np.float32),
+        TOKEN_SPECIAL: np.array([t.special for t in tokens], dtype=np.bool_),
+    }
+
+
+def _top_tokens(rows: Sequence[Sequence[Token]]) -> Outputs:
+    """[tokens, n] arrays; rows are as wide as the widest one (padding never happens in practice:
+    the engine returns exactly top_n_tokens alternatives per step)."""
+    width = max((len(r) for r in rows), default=0)
+    if not rows or width == 0:
+        return {}
+    ids = np.full((len(rows), width), -1, dtype=np.int64)
+    lps = np.full((len(rows), width), np.nan, dtype=np.float32)
+    texts = np.full((len(rows), width), b"", dtype=np.object_)
+    for r, row in enumerate(rows):
+        for c, t in enumerate(row):
+            ids[r, c], lps[r, c], texts[r, c] = t.id, t.logprob, t.text.encode("utf-8")
+    return {TOP_IDS: ids, TOP_TEXTS: texts, TOP_LOGPROBS: lps}
+
+
+def _prefill(tokens: Sequence[PrefillToken]) -> Outputs:
+    return {
+        PREFILL_IDS: np.array([t.id for t in tokens], dtype=np.int64),
+        PREFILL_TEXTS: _strings([t.text for t in tokens]),
+        # The first prompt token has no logprob: NaN, as a float tensor cannot hold None.
+        PREFILL_LOGPROBS: np.array([np.nan if t.logprob is None else t.logprob for t in tokens], dtype=np.float32),
+    }
+
+
+def token_outputs(event: TokenEvent, prefix: str = "", details: bool = False) -> Outputs:
+    """One streamed token: its text delta (after `prefix`, the prompt when return_full_text)."""
+    out: Outputs = {TEXT: _strings([prefix + event.token.text])}
+    if details:
+        out |= _tokens([event.token])
+        if event.top_tokens:
+            out |= _top_tokens([event.top_tokens])
+    return out
+
+
+def final_outputs(final: FinalEvent, stream: bool, details: bool, last: TokenEvent | None = None,
+                  prefix: str = "") -> Outputs:
+    """The last response of a request that finished.
+
+    Streaming: `last` is its last token (sent in this same response, so one response per token),
+    or None when that token already went out. Not streaming: the whole text and every token.
+    """
+    if stream:
+        out = token_outputs(last, prefix, details) if last is not None else {TEXT: _strings([prefix])}
+    else:
+        out = {TEXT: _strings([final.generated_text])}
+        if details:
+            out |= _tokens(final.tokens) | _top_tokens(final.top_tokens)
+            if final.prefill:
+                out |= _prefill(final.prefill)
+    out[FINISH_REASON] = _strings([final.finish_reason.value])
+    out[NUM_INPUT] = np.array([final.input_tokens], dtype=np.uint32)
+    out[NUM_OUTPUT] = np.array([final.generated_tokens], dtype=np.uint32)
+    if details and final.seed is not None:
+        out[SEED] = np.array([final.seed], dtype=np.uint64)
+    return out
