@@ -37,6 +37,8 @@ class TokenEvent:
     index: int  # 0-based position among generated tokens
     token: Token
     top_tokens: list[Token] = field(default_factory=list)
+    #: The request's FinalEvent follows at once: a streaming front end can send both as one response.
+    last: bool = False
 
 
 @dataclass(frozen=True)

@@ -234,3 +234,17 @@ def test_return_full_text_prepends_prompt(tokenizer, words):
         assert final.generated_text.startswith("Hello") and len(final.generated_text) > len("Hello")
     finally:
         engine.shutdown()
+
+
+def test_last_token_is_flagged_and_gauges_drop_to_zero_when_idle(tokenizer, words):
+    engine = make_engine(tokenizer, FakeRunner(words))
+    try:
+        c = Collector()
+        engine.submit(engine.validate("Hello", {"max_new_tokens": 4}), c)
+        c.wait_end()
+        tokens = [e for e in c.seen if isinstance(e, TokenEvent)]
+        assert [e.last for e in tokens] == [False, False, False, True]
+        stats = engine.stats()
+        assert stats.batch_size == 0 and stats.batch_max_tokens == 0
+    finally:
+        engine.shutdown()

@@ -95,7 +95,8 @@ def launch(work_dir: Path, *flags: str) -> Launched:
     cmd = [
         sys.executable, "-m", "tgi_llm.launcher.main", "--hostname", "127.0.0.1",
         "--http-port", str(http), "--grpc-port", str(grpc), "--metrics-port", str(metrics),
-        "--model-repository", str(work_dir / "work"), "--graceful-termination-timeout", "20", *flags,
+        "--model-repository", str(work_dir / "work"), "--graceful-termination-timeout", "20", "--port", "0",
+        *flags,
     ]
     root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))

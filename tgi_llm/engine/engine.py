@@ -160,8 +160,7 @@ class Engine:
     def step(self) -> None:
         t0 = time.perf_counter()
         out = self.scheduler.schedule()
-        self._batch_size = len(self.scheduler.running)
-        self._batch_max_tokens = self.scheduler.batch_max_tokens
+        self._update_batch_gauges()
         if out.is_empty:
             return
         now = time.monotonic()
@@ -176,6 +175,7 @@ class Engine:
             logger.exception("Forward failed for %d sequences", len(batch))
             for seq in batch:
                 self._end(seq, ErrorEvent(seq.request_id, GenerationError(str(exc) or repr(exc))))
+            self._update_batch_gauges()
             return
         t2 = time.perf_counter()
         for seq, result in zip(batch, results, strict=True):
@@ -184,7 +184,12 @@ class Engine:
             if final is not None:
                 self._end(seq, final)
         t3 = time.perf_counter()
+        self._update_batch_gauges()
         self._record(out, t1 - t0 + (t3 - t2), t2 - t1)
+
+    def _update_batch_gauges(self) -> None:
+        self._batch_size = len(self.scheduler.running)
+        self._batch_max_tokens = self.scheduler.batch_max_tokens
 
     def _record(self, out: SchedulerOutput, bookkeeping_s: float, forward_s: float) -> None:
         self._step_stats.append(StepStats(

@@ -52,7 +52,7 @@ class Postprocessor:
         seq.tokens.append(token)
         if seq.request.top_n_tokens:
             seq.top_tokens.append(top)
-        event = TokenEvent(seq.request_id, seq.num_generated - 1, token, top)
+        event = TokenEvent(seq.request_id, seq.num_generated - 1, token, top, last=reason is not None)
         return event, (None if reason is None else self._final(seq, reason))
 
     def _final(self, seq: Sequence, reason: FinishReason) -> FinalEvent:

@@ -77,6 +77,8 @@ FLAGS: list[Flag] = [
     Flag("http_port", int, 8000, "Triton HTTP port (generate, generate_stream, health)"),
     Flag("grpc_port", int, 8001, "Triton gRPC port (streaming inference)"),
     Flag("metrics_port", int, 8002, "Triton metrics port (tgi_* and nv_* metrics)"),
+    Flag("port", int, 3000, "TGI- and OpenAI-compatible HTTP API (TGI's port); 0 disables it"),
+    Flag("api_key", help="Require `Authorization: Bearer <key>` on the HTTP API's generation routes"),
     Flag("model_repository", env="TGI_LLM_MODEL_REPOSITORY",
          help="Directory to write the model repository into (default: a temporary directory)"),
     Flag("tritonserver", env="TRITONSERVER", help="tritonserver binary (default: system, else nvidia-pytriton's)"),

@@ -13,11 +13,13 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.launcher.args import model_parameters, parse_args, validate
+from tgi_llm.launcher.front import FrontProcess, front_command
 from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.launcher.process import ServerProcess
 from tgi_llm.launcher.repository import MODEL_NAME, write_repository
@@ -96,14 +98,41 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
             return _error("ModelLoad", f"tritonserver exited with status {code} before model `{MODEL_NAME}` was "
                           f"ready: the model failed to load{reason}")
         host = _connect_host(config.hostname)
+        front = None
+        if args.port:
+            front = FrontProcess(front_command(args, model_dir, config, host), args.api_key)
+            front.start()
+            if not front.wait_ready(f"http://{host}:{args.port}/health"):
+                server.request_stop()
+                server.wait()
+                front.stop()
+                return _error("WebserverFailed", f"the HTTP API did not start on port {args.port}")
+            logger.info("Ready: TGI/OpenAI API http://%s:%d", host, args.port)
         logger.info("Ready: HTTP http://%s:%d/v2/models/%s/generate (and generate_stream), gRPC %s:%d, "
                     "metrics http://%s:%d/metrics", host, config.http_port, MODEL_NAME, host, config.grpc_port,
                     host, config.metrics_port)
-        code = server.wait()
+        code = _wait(server, front)
+    if front is not None and not server.stop_requested and server.process.poll() is None:
+        return _error("WebserverFailed", "the HTTP API exited unexpectedly (Webserver Crashed)")
     if server.stop_requested:
         logger.info("tritonserver stopped (status %d)", code)
         return code
     return _error("ServerExited", f"tritonserver exited unexpectedly with status {code}") if code else 0
+
+
+def _wait(server: ServerProcess, front: FrontProcess | None) -> int:
+    """Until tritonserver exits (stopping the front then) or the front dies (stopping tritonserver)."""
+    if front is None:
+        return server.wait()
+    while server.process.poll() is None:
+        if not front.alive() and not server.stop_requested:
+            logger.error("the HTTP API exited with status %s: stopping tritonserver", front.process.poll())
+            server.request_stop()
+            code = server.wait()
+            return code
+        time.sleep(0.2)
+    front.stop()
+    return server.wait()
 
 
 def _connect_host(hostname: str) -> str:

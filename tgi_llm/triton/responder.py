@@ -85,6 +85,7 @@ class Responder:
         self._poll_interval_s = poll_interval_s
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._live: dict[int, Live] = {}
+        self._held: dict[int, TokenEvent] = {}
         self._thread: threading.Thread | None = None
 
     # ---- any thread ----
@@ -126,11 +127,6 @@ class Responder:
         stopping = False
         while not stopping:
             items = self._take(max(0.0, next_poll - time.monotonic()))
-            if items and isinstance(items[-1], _Event) and isinstance(items[-1].event, TokenEvent):
-                # The engine queues a finished request's final event right after its last token:
-                # yield once so both usually go out as one response (one response per token).
-                time.sleep(0)
-                items += self._take(None)
             if _STOP in items:
                 stopping = True
                 items = items[: items.index(_STOP)]
@@ -155,7 +151,9 @@ class Responder:
                 return items
 
     def _handle(self, items: list[Any]) -> None:
-        held: dict[int, TokenEvent] = {}  # each request's newest token, sent with its final if one follows
+        # Each request's newest token, sent with its final if one follows. A token flagged `last` waits
+        # for its FinalEvent even across batches, so the final response always carries the last token.
+        held = self._held
         for item in items:
             if isinstance(item, _Event):
                 self._guard(self._on_event, item.key, item.event, held)
@@ -168,8 +166,10 @@ class Responder:
                 self._record(lambda m: m.request_received())
                 self._record(lambda m, e=item.error: m.request_failed(e))
                 self._guard(self._api.send, item.sender, None, item.error, True)
-        for key, event in held.items():
-            self._guard(self._send_token, key, event)
+        for key, event in list(held.items()):
+            if not event.last:
+                del held[key]
+                self._guard(self._send_token, key, event)
 
     def _on_event(self, key: int, event: Event, held: dict[int, TokenEvent]) -> None:
         live = self._live.get(key)
@@ -210,6 +210,7 @@ class Responder:
         live = self._live.get(key)
         if live is None:
             return
+        last = last or self._held.pop(key, None)
         if last is not None:
             self._send_token(key, last)  # text generated before the error still reaches the client
         del self._live[key]
