@@ -1,7 +1,8 @@
 """Paged attention in plain torch: the CPU backend and the reference the others are checked against.
 
-Decode sequences (one new token each) go through one batched SDPA call over K/V gathered from
-their block tables and padded to the longest; each prefill sequence gets its own SDPA call.
+Decode sequences (one new token each) go through the C kernel of cpu_kernels.py on the CPU, which reads
+K/V in place; elsewhere (or without a compiler) through one batched SDPA call over K/V gathered from
+their block tables and padded to the longest. Each prefill sequence gets its own SDPA call.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tgi_llm.attention.cpu_kernels import paged_decode_kernel
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.kv_cache import gather_kv, write_kv_cache
 
@@ -77,6 +79,9 @@ class TorchPagedAttention:
         scale: float,
     ) -> torch.Tensor:
         """q: [B, Hq, D], one query per sequence -> [B, Hq, D]."""
+        kernel = paged_decode_kernel() if q.device.type == "cpu" else None
+        if kernel is not None and kernel.supports(q, k_cache):  # no gathered copy of K/V (cpu_kernels.py)
+            return kernel(q, k_cache, v_cache, block_tables, seq_lens, max(seq_lens_cpu), scale)
         batch, num_heads, dim = q.shape
         block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
         num_blocks = -(-max(seq_lens_cpu) // block_size)

@@ -59,6 +59,7 @@ def build_engine(opts: EngineOptions) -> Engine:
     from tgi_llm.models.llama import load_model
     from tgi_llm.runner.model_runner import ModelRunner
     from tgi_llm.weights import resolve_model_dir
+    from tgi_llm.weights.safetensors_loader import NO_SHARD
 
     check_static_limits(opts.limits)  # fail before spending time on weights
     device, dtype = resolve_device_and_dtype(opts)
@@ -66,25 +67,34 @@ def build_engine(opts: EngineOptions) -> Engine:
         torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(opts.model_id)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model, config = load_model(model_dir, dtype=dtype, device=device)
+    shards = None
+    if opts.num_shard > 1:  # MPI is imported on this path only: one shard runs in-process
+        from tgi_llm.parallel import ShardGroup
+
+        shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id())
+    model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD)
     block_size = opts.limits.block_size
     if block_size == 16 and preferred_block_size(device) != 16:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
-    per_token = kv_cache_bytes_per_token(config, dtype)
+    per_token = kv_cache_bytes_per_token(config, dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
     kv_tokens = kv_cache_budget_bytes(opts, device) // per_token
     from dataclasses import replace
 
     limits = resolve_limits(replace(opts.limits, block_size=block_size), config.max_position_embeddings,
                             kv_tokens)
-    kv_caches = allocate_kv_cache(config, limits.num_blocks, block_size, dtype, device)
+    kv_caches = allocate_kv_cache(shards.cache_config(config) if shards else config, limits.num_blocks, block_size,
+                                  dtype, device)
     logger.info(
         "KV cache: %d blocks of %d tokens (%.2f GiB, %d bytes/token)", limits.num_blocks, block_size,
         limits.num_blocks * block_size * per_token / 2**30, per_token,
     )
-    runner = ModelRunner(model, kv_caches, block_size, config.vocab_size, device)
-    return Engine(tokenizer, limits, runner, eos_token_ids(model_dir, tokenizer),
-                  model_id=opts.model_id or _default_model_id())
+    runner = (shards.runner if shards else ModelRunner)(model, kv_caches, block_size, config.vocab_size, device)
+    engine = Engine(tokenizer, limits, runner, eos_token_ids(model_dir, tokenizer),
+                    model_id=opts.model_id or _default_model_id())
+    if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too
+        shards.on_failure(lambda _reason: setattr(engine, "healthy", False))
+    return engine
 
 
 def _default_model_id() -> str:

@@ -10,12 +10,10 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import fields
 from pathlib import Path
 
-from tgi_llm.launcher.process import _die_with_parent
+from tgi_llm.launcher.process import ServerProcess, _die_with_parent
 from tgi_llm.launcher.repository import MODEL_NAME
 from tgi_llm.launcher.tritonserver import ServerConfig
 
@@ -83,12 +81,8 @@ class FrontProcess:
     def wait_ready(self, url: str, timeout_s: float = 120.0) -> bool:
         deadline = time.monotonic() + timeout_s
         while self.alive() and time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
+            if ServerProcess.is_ready(url):
+                return True
             time.sleep(0.2)
         return False
 

@@ -111,28 +111,43 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
         logger.info("Ready: HTTP http://%s:%d/v2/models/%s/generate (and generate_stream), gRPC %s:%d, "
                     "metrics http://%s:%d/metrics", host, config.http_port, MODEL_NAME, host, config.grpc_port,
                     host, config.metrics_port)
-        code = _wait(server, front)
-    if front is not None and not server.stop_requested and server.process.poll() is None:
-        return _error("WebserverFailed", "the HTTP API exited unexpectedly (Webserver Crashed)")
+        try:
+            code = _wait(server, front, _ready_url(config))
+        except _Failed as exc:
+            return _error("ShardFailed", str(exc))
     if server.stop_requested:
         logger.info("tritonserver stopped (status %d)", code)
         return code
     return _error("ServerExited", f"tritonserver exited unexpectedly with status {code}") if code else 0
 
 
-def _wait(server: ServerProcess, front: FrontProcess | None) -> int:
-    """Until tritonserver exits (stopping the front then) or the front dies (stopping tritonserver)."""
-    if front is None:
-        return server.wait()
+class _Failed(Exception):
+    """The model or the front died while tritonserver kept running."""
+
+
+def _wait(server: ServerProcess, front: FrontProcess | None, ready_url: str) -> int:
+    """Until tritonserver exits. If the front dies, or the model stops being ready (its engine or a shard
+    died and it unloaded itself), stop tritonserver and fail, as TGI's launcher does on a crash."""
+    failure = None
+    next_check = time.monotonic() + 1.0
     while server.process.poll() is None:
-        if not front.alive() and not server.stop_requested:
-            logger.error("the HTTP API exited with status %s: stopping tritonserver", front.process.poll())
-            server.request_stop()
-            code = server.wait()
-            return code
+        if not server.stop_requested and failure is None:
+            if front is not None and not front.alive():
+                failure = f"the HTTP API exited with status {front.process.poll()} (Webserver Crashed)"
+            elif time.monotonic() >= next_check:
+                next_check = time.monotonic() + 1.0
+                if not server.is_ready(ready_url):
+                    failure = f"model `{MODEL_NAME}` is no longer ready: its engine or a shard failed"
+            if failure is not None:
+                logger.error("%s: stopping tritonserver", failure)
+                server.request_stop()
         time.sleep(0.2)
-    front.stop()
-    return server.wait()
+    if front is not None:
+        front.stop()
+    code = server.wait()
+    if failure is not None:
+        raise _Failed(failure)
+    return code
 
 
 def _connect_host(hostname: str) -> str:

@@ -84,14 +84,18 @@ class ServerProcess:
         """True once `url` answers 200; False if the server exits or a stop is requested first."""
         assert self.process is not None
         while self.process.poll() is None and not self.stop_requested:
-            try:
-                with urllib.request.urlopen(url, timeout=2) as response:
-                    if response.status == 200:
-                        return True
-            except (urllib.error.URLError, OSError):
-                pass
+            if self.is_ready(url):
+                return True
             time.sleep(poll_s)
         return False
+
+    @staticmethod
+    def is_ready(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
 
     def wait(self) -> int:
         assert self.process is not None

@@ -2,8 +2,9 @@
 
 q/k/v and gate/up are fused into one matmul each at load time. Every linear weight is read
 through `load_linear`, which takes a `Shard`: column-parallel (q/k/v, gate/up) splits output rows,
-row-parallel (o, down) splits input columns, vocab-parallel splits embedding/lm_head rows. Today
-the model runs with `NO_SHARD`; tensor parallelism adds all-reduces after the row-parallel ones.
+row-parallel (o, down) splits input columns, vocab-parallel splits embedding/lm_head rows. Each
+rank's slice is all it reads; `tp_ops` adds the collectives (all-reduce after the row-parallel ones and the
+vocab-parallel embedding, gather of the LM head's logits), which are plain local ops with one shard.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from torch import nn
 from tgi_llm.attention import AttentionBackend, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.models.config import ModelConfig
-from tgi_llm.models.rope import RotaryEmbedding, apply_rotary
+from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
+from tgi_llm.parallel import tp_ops
 from tgi_llm.weights.safetensors_loader import NO_SHARD, SafetensorsWeights, Shard
 
 logger = logging.getLogger(__name__)
@@ -61,13 +63,52 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
+#: Batch-size hint for oneDNN's weight layout; the packed weight serves any batch size.
+_PACK_BATCH_HINT = 32
+
+
+def pack_weight_for_cpu(weight: torch.Tensor) -> torch.Tensor | None:
+    """`weight` [N, K] reordered into oneDNN's blocked layout, or None where that is not possible.
+
+    On CPU, fp32 F.linear goes to MKL sgemm, which runs no AVX-512 code on AMD CPUs; oneDNN's packed
+    linear does and is ~2.3x faster at both decode and prefill batch shapes (docs/PERFORMANCE.md)."""
+    if weight.device.type != "cpu" or weight.dtype not in (torch.float32, torch.bfloat16):
+        return None
+    if not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), _PACK_BATCH_HINT)
+    except (RuntimeError, AttributeError) as exc:  # a torch built without these ops
+        logger.warning("oneDNN weight packing unavailable (%s); using F.linear", exc)
+        return None
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 class Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.packed: torch.Tensor | None = None
+
+    def pack(self) -> bool:
+        """Swap the weight for its oneDNN-packed form (dropping the plain copy: no doubled memory)."""
+        packed = pack_weight_for_cpu(self.weight)
+        if packed is None:
+            return False
+        self.packed = packed
+        del self.weight
+        return True
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.weight if self.packed is None else self.packed.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return packed_linear(x, self.packed, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -78,6 +119,7 @@ class DecoderLayer(nn.Module):
         attn, mlp = f"{p}.self_attn", f"{p}.mlp"
         self.num_heads = config.num_attention_heads // shard.world_size
         self.num_kv_heads = config.num_key_value_heads // shard.world_size
+        self.shard = shard
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         eps = config.rms_norm_eps
@@ -100,16 +142,16 @@ class DecoderLayer(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv(self.input_norm(hidden)).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rotary(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = apply_rotary(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q_size, qk_heads = self.num_heads * self.head_dim, self.num_heads + self.num_kv_heads
+        qkv = self.qkv(self.input_norm(hidden)).view(tokens, qk_heads + self.num_kv_heads, self.head_dim)
+        # q and k rotated in one call; cos/sin are the per-forward tables of rotary_tables
+        q, k = apply_rotary_tables(qkv[:, :qk_heads], cos, sin).split([self.num_heads, self.num_kv_heads], dim=1)
+        v = qkv[:, qk_heads:]
         o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale)
-        hidden = hidden + self.o_proj(o.reshape(tokens, q_size))
+        hidden = hidden + tp_ops.reduce(self.o_proj(o.reshape(tokens, q_size)), self.shard)
 
         gate, up = self.gate_up(self.post_attention_norm(hidden)).chunk(2, dim=-1)
-        return hidden + self.down(F.silu(gate) * up)
+        return hidden + tp_ops.reduce(self.down(F.silu(gate) * up), self.shard)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -121,8 +163,7 @@ class LlamaForCausalLM(nn.Module):
         attention_backend: AttentionBackend | None = None,
     ) -> None:
         super().__init__()
-        if shard.world_size != 1:
-            raise NotImplementedError("tensor parallelism is not wired yet (loader supports slices)")
+        self.shard = shard
         self.config = config
         self.embed_tokens = nn.Parameter(
             weights.load_sharded("model.embed_tokens.weight", 0, shard), requires_grad=False
@@ -135,6 +176,16 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = nn.Parameter(weights.load_sharded("lm_head.weight", 0, shard), requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.attention_backend = attention_backend
+        self.lm_head_packed: torch.Tensor | None = None  # see pack_for_cpu
+
+    def pack_for_cpu(self) -> bool:
+        """Pack every linear weight for oneDNN (after the final `.to()`: packed weights can't move).
+        The LM head gets a packed copy next to the (possibly tied) dense one."""
+        packed = [m.pack() for m in self.modules() if isinstance(m, Linear)]
+        if not all(packed):
+            return False
+        self.lm_head_packed = pack_weight_for_cpu(self.lm_head)
+        return self.lm_head_packed is not None
 
     def _apply(self, fn, recurse: bool = True):  # keep rope frequencies on the model's device
         result = super()._apply(fn, recurse)
@@ -156,8 +207,8 @@ class LlamaForCausalLM(nn.Module):
         if self.rotary.needs_seq_lens:
             query_lens = torch.tensor(attn.query_lens_cpu, device=input_ids.device)
             token_seq_lens = torch.repeat_interleave(attn.seq_lens.to(input_ids.device), query_lens)
-        cos, sin = self.rotary.cos_sin(positions, token_seq_lens)
-        hidden = F.embedding(input_ids, self.embed_tokens)
+        cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.embed_tokens.dtype)
+        hidden = tp_ops.embed(input_ids, self.embed_tokens, self.shard)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, attn, self.attention_backend)
         return self.norm(hidden)
@@ -165,7 +216,9 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, V] for the rows the sampler needs."""
-        return F.linear(hidden, self.lm_head).float()
+        if self.lm_head_packed is not None:
+            return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)
+        return tp_ops.gather_vocab(F.linear(hidden, self.lm_head).float(), self.shard)
 
 
 def load_model(
@@ -173,13 +226,16 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     attention_backend: AttentionBackend | None = None,
+    shard: Shard = NO_SHARD,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model from a HF directory. With no backend given, one is picked on the first forward
     (it depends on the KV block size, which the runner decides)."""
     config = ModelConfig.from_model_dir(model_dir)
     weights = SafetensorsWeights(model_dir)
-    model = LlamaForCausalLM(config, weights, attention_backend=attention_backend)
+    model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
     model = model.to(device=device, dtype=dtype).eval()
+    if model.embed_tokens.device.type == "cpu" and model.pack_for_cpu():
+        logger.info("linear weights packed for oneDNN")
     logger.info(
         "loaded %s (%s, %d layers, hidden %d) as %s on %s",
         model_dir,

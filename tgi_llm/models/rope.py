@@ -170,3 +170,18 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     sin = sin.to(x.dtype)[:, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def rotary_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin from `cos_sin` prepared once per forward for every layer: [T, 1, D] in the activations'
+    dtype, sin carrying the rotate-half sign, so `apply_rotary_tables` is one cat, two muls and an add
+    (not seven kernels per call) and q and k can be rotated in one call."""
+    cos = cos.to(dtype)
+    sin = sin.to(dtype)
+    return torch.cat((cos, cos), dim=-1)[:, None, :], torch.cat((-sin, sin), dim=-1)[:, None, :]
+
+
+def apply_rotary_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [T, H, D]; cos/sin from `rotary_tables`. Bit for bit `apply_rotary`: x1*c + x2*(-s) is x1*c - x2*s."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin

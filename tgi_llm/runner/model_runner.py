@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import platform
+
 import torch
 
 from tgi_llm.engine.runner_protocol import SeqResult
@@ -12,6 +16,25 @@ from tgi_llm.engine.sampling import PenaltyState, Sampler, make_generator, sampl
 from tgi_llm.engine.sequence import Sequence
 from tgi_llm.kv_cache import KVCache
 from tgi_llm.runner.batch_inputs import StepPlan, plan_step, to_metadata
+
+logger = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20  # glibc's ceiling on 64-bit
+
+
+def keep_freed_memory_in_heap() -> bool:
+    """glibc hands large freed blocks straight back to the OS (munmap, heap trim), so every large activation
+    of the next forward page-faults fresh zeroed pages: ~20% of a CPU prefill. Serve blocks up to 32 MiB
+    from the heap and keep freed memory there (bounded by the forward's peak working set). Process-wide."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX) and mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    return bool(ok)
 
 
 class ModelRunner:
@@ -24,6 +47,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.penalties = PenaltyState(vocab_size, device)
         self.generators: dict[int, torch.Generator] = {}
+        if device.type == "cpu" and keep_freed_memory_in_heap():
+            logger.info("glibc malloc: large blocks kept in the heap (no page faults per forward)")
 
     def forward_plan(self, plan: StepPlan) -> torch.Tensor:
         """Logits [len(plan.logits_indices), V] (float32) for the rows the plan asks for."""

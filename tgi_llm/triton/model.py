@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.triton.adapter import TritonAdapter
 from tgi_llm.triton.config import config_parameters, responder_options
+from tgi_llm.triton.health import HealthWatchdog
 from tgi_llm.triton.metrics import TgiMetrics
 from tgi_llm.triton.pb_api import PbRequestIO, PbResponses, pb_family_factory
 from tgi_llm.triton.responder import Responder
@@ -42,6 +43,8 @@ class TritonPythonModel:
         self.io = PbRequestIO(pb_utils)
         self.adapter = TritonAdapter(engine, responder)
         self.adapter.start()
+        self.watchdog = HealthWatchdog(lambda: engine.healthy, lambda: _unload_self(args["model_name"]))
+        self.watchdog.start()
 
     def execute(self, requests: list[Any]) -> None:
         self.adapter.execute(requests, self.io)
@@ -49,4 +52,14 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         logger.info("stopping the engine")
+        self.watchdog.stop()
         self.adapter.finalize()
+
+
+def _unload_self(model_name: str) -> None:
+    """Readiness can only turn false by unloading (needs --model-control-mode=explicit, as the launcher
+    starts tritonserver); under other modes the model stays loaded and answers every request with an error."""
+    try:
+        pb_utils.unload_model(model_name)
+    except Exception as exc:
+        logger.error("could not unload %s after an engine failure (%s); requests will get errors", model_name, exc)
