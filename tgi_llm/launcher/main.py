@@ -93,6 +93,10 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
         if not server.wait_ready(_ready_url(config)):
             if server.stop_requested:
                 return server.wait()
+            if server.model_unloaded.is_set():
+                server.request_stop()
+                server.wait()
+                return _error("ShardFailed", f"model `{MODEL_NAME}` unloaded itself: its engine or a shard failed")
             code = server.wait()
             reason = f": {server.load_error}" if server.load_error else " (see tritonserver's log above)"
             return _error("ModelLoad", f"tritonserver exited with status {code} before model `{MODEL_NAME}` was "
@@ -134,6 +138,8 @@ def _wait(server: ServerProcess, front: FrontProcess | None, ready_url: str) -> 
         if not server.stop_requested and failure is None:
             if front is not None and not front.alive():
                 failure = f"the HTTP API exited with status {front.process.poll()} (Webserver Crashed)"
+            elif server.model_unloaded.is_set():
+                failure = f"model `{MODEL_NAME}` is no longer ready: its engine or a shard failed"
             elif time.monotonic() >= next_check:
                 next_check = time.monotonic() + 1.0
                 if not server.is_ready(ready_url):

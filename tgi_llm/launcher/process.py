@@ -44,6 +44,9 @@ def triton_line_as_json(line: str) -> str:
 _LOAD_FAILURE = re.compile(r"failed to load '[^']+' version \d+: (.*)")
 
 
+_UNLOADED = re.compile(r"successfully unloaded '[^']+' version \d+")
+
+
 def load_failure(line: str) -> str | None:
     """The reason in `failed to load 'tgi_llm' version 1: Internal: ValueError: ...` (first line only)."""
     match = _LOAD_FAILURE.search(line)
@@ -60,6 +63,9 @@ class ServerProcess:
         self.process: subprocess.Popen | None = None
         self.stop_requested = False
         self.load_error: str | None = None  # why the model failed to load, from tritonserver's log
+        #: The model unloaded itself (its engine or a shard died): it will not be ready again. Read from the
+        #: log, so it is seen even when the model was ready too briefly for a readiness poll to notice.
+        self.model_unloaded = threading.Event()
         self._pump: threading.Thread | None = None
 
     def start(self) -> None:
@@ -78,12 +84,14 @@ class ServerProcess:
             reason = load_failure(line)
             if reason and self.load_error is None:
                 self.load_error = reason
+            if _UNLOADED.search(line):
+                self.model_unloaded.set()
             print(triton_line_as_json(line) if self.json_output else line.rstrip("\n"), file=sys.stderr, flush=True)
 
     def wait_ready(self, url: str, poll_s: float = 0.5) -> bool:
-        """True once `url` answers 200; False if the server exits or a stop is requested first."""
+        """True once `url` answers 200; False if the server exits, a stop is requested or the model unloads first."""
         assert self.process is not None
-        while self.process.poll() is None and not self.stop_requested:
+        while self.process.poll() is None and not self.stop_requested and not self.model_unloaded.is_set():
             if self.is_ready(url):
                 return True
             time.sleep(poll_s)
