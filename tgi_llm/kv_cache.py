@@ -6,6 +6,10 @@ paged layout), so token slot `s` lives at `[s // block_size, s % block_size]`.
 
 from __future__ import annotations
 
+import ctypes
+import logging
+import math
+import platform
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,7 +17,36 @@ import torch
 if TYPE_CHECKING:  # models imports the attention backends, which import this module
     from tgi_llm.models.config import ModelConfig
 
+logger = logging.getLogger(__name__)
+
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+
+
+def _madvise_hugepage(address: int, length: int) -> bool:
+    if platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        return libc.madvise(address, length, _MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _zeros_cpu(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Zeros on 2 MiB pages where Linux allows (THP in `madvise` mode, the common default): attention reads
+    each sequence's blocks scattered over the cache, and with 4 KiB pages every block costs TLB misses and
+    stops the hardware prefetcher at each page edge (~10% of decode attention time)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < 4 * _HUGE_PAGE:
+        return torch.zeros(shape, dtype=dtype)
+    raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)  # untouched yet: no page is backed
+    offset = -raw.data_ptr() % _HUGE_PAGE
+    _madvise_hugepage(raw.data_ptr() + offset, nbytes // _HUGE_PAGE * _HUGE_PAGE)
+    return raw[offset : offset + nbytes].view(dtype).view(shape).zero_()
 
 
 def allocate_kv_cache(
@@ -26,6 +59,8 @@ def allocate_kv_cache(
     """One (K, V) pair per layer. Zero-filled: attention masks padded slots, but a masked weight of
     0 times uninitialised NaN memory would still be NaN."""
     shape = (num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+    if torch.device(device).type == "cpu":
+        return [(_zeros_cpu(shape, dtype), _zeros_cpu(shape, dtype)) for _ in range(config.num_hidden_layers)]
     return [
         (torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
         for _ in range(config.num_hidden_layers)

@@ -1,14 +1,14 @@
-"""The C paged-decode kernel against the pure-torch decode path and a float64 reference."""
+"""The C attention kernels (paged decode, prefill) against a float64 reference."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tgi_llm.attention.cpu_kernels import PagedDecodeKernel, paged_decode_kernel
+from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, cpu_attention_kernels
 from tgi_llm.kv_cache import gather_kv
 
-kernel = paged_decode_kernel()
+kernel = cpu_attention_kernels()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
 
 
@@ -46,7 +46,7 @@ def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size)
     q = torch.randn(len(lens), heads, dim, generator=gen) * 3
     scale = dim**-0.5
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    got = kernel(q, k_cache, v_cache, tables, seq_lens, max(lens), scale)
+    got = kernel.decode(q, k_cache, v_cache, tables, seq_lens, max(lens), scale)
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, tables, lens, scale), rtol=1e-5, atol=1e-5)
 
 
@@ -56,15 +56,52 @@ def test_same_result_for_a_sequence_whatever_the_batch():
     tables = torch.arange(40, dtype=torch.int32).view(4, 10)
     lens = torch.tensor([150, 20, 77, 160], dtype=torch.int32)
     q = torch.randn(4, 9, 64, generator=gen)
-    together = kernel(q, k_cache, v_cache, tables, lens, 160, 0.125)
+    together = kernel.decode(q, k_cache, v_cache, tables, lens, 160, 0.125)
     for i in range(4):
-        alone = kernel(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], int(lens[i]), 0.125)
+        alone = kernel.decode(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], int(lens[i]), 0.125)
         assert torch.equal(alone[0], together[i])
 
 
 def test_supports_only_what_it_computes():
     cache = torch.zeros(4, 16, 2, 64)
-    assert PagedDecodeKernel.supports(torch.zeros(3, 4, 64), cache)
-    assert not PagedDecodeKernel.supports(torch.zeros(3, 4, 64, dtype=torch.bfloat16), cache)
-    assert not PagedDecodeKernel.supports(torch.zeros(3, 4, 8), torch.zeros(4, 16, 2, 8))  # D % 16
-    assert not PagedDecodeKernel.supports(torch.zeros(3, 4, 64), cache.transpose(1, 2))
+    assert CpuAttentionKernels.supports(torch.zeros(3, 4, 64), cache)
+    assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 64, dtype=torch.bfloat16), cache)
+    assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 8), torch.zeros(4, 16, 2, 8))  # D % 16
+    assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 512), torch.zeros(4, 16, 2, 512))  # D > 256
+
+
+def causal_reference(q, k, v, scale):
+    """One sequence, float64, query head h reads KV head h // G."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    n = q.shape[0]
+    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 2, 16), (8, 8, 32), (6, 1, 128)])
+def test_prefill_matches_reference(heads, kv_heads, dim):
+    gen = torch.Generator().manual_seed(2)
+    lens = [2, 15, 16, 17, 40, 129]
+    total = sum(lens)
+    # q/k/v as views of one fused projection, the way the model hands them over (strided rows)
+    qkv = torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen).view(total, -1, dim) * 2
+    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    out = torch.full((total, heads, dim), float("nan"))
+    starts = [sum(lens[:i]) for i in range(len(lens))]
+    kernel.prefill(q, k, v, out, list(zip(starts, lens, strict=True)), dim**-0.5)
+    for start, n in zip(starts, lens, strict=True):
+        rows = slice(start, start + n)
+        expected = causal_reference(q[rows], k[rows], v[rows], dim**-0.5)
+        torch.testing.assert_close(out[rows], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefill_of_a_sequence_is_the_same_alone_or_with_others():
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(100, h, 64, generator=gen) for h in (9, 3, 3))
+    together = torch.empty(100, 9, 64)
+    kernel.prefill(q, k, v, together, [(0, 30), (30, 70)], 0.125)
+    alone = torch.empty(70, 9, 64)
+    kernel.prefill(q[30:], k[30:], v[30:], alone, [(0, 70)], 0.125)
+    assert torch.equal(alone, together[30:])

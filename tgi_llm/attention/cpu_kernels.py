@@ -1,10 +1,12 @@
-"""Paged decode attention for the CPU as a small C kernel, compiled on first use with the system compiler.
+"""Attention for the CPU as two small C kernels, compiled on first use with the system compiler.
 
-Why: the pure-torch decode path gathers every sequence's K/V blocks into a padded copy for each layer
-(index_select), then runs SDPA over it. That copy moves three times the bytes attention needs, and
-SDPA's CPU kernel is slow for one query per sequence; together they cost more than all the model's
-matmuls at batch 32. This kernel reads K/V in place through the block table, one sequence per OpenMP
-work item, and is ~4x faster (docs/PERFORMANCE.md).
+Decode: the pure-torch path gathers every sequence's K/V blocks into a padded copy for each layer
+(index_select), then runs SDPA over it. That copy moves three times the bytes attention needs, and SDPA's
+CPU kernel is slow for one query per sequence; together they cost more than all the model's matmuls at
+batch 32. `paged_decode_f32` reads K/V in place through the block table, one sequence per OpenMP work
+item: ~4x faster. Prefill: SDPA's CPU flash kernel runs its small GEMMs through MKL, which takes no
+AVX-512 path on AMD CPUs; `prefill_attention_f32` (keys transposed into 16-key tiles, 16-row query tiles,
+online softmax, every prompt of the step in one call) is ~2.4x faster. Numbers in docs/PERFORMANCE.md.
 
 Plain C called through ctypes (no torch headers: builds in about a second). It links `libgomp.so.1`,
 which the loader resolves to the copy torch already loaded, so it shares torch's thread pool. The
@@ -36,8 +38,36 @@ _SOURCE = r"""
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 
+#define MAX_CHUNKS 16 /* head size up to 256 */
+
 static inline v16 ld(const float* p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline void st(float* p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline v16 splat(float x) { return (v16){0} + x; }
+
+static inline v16 vsel(i16v m, v16 a, v16 b) { /* m ? a : b per lane (C has no vector ?:) */
+    i16v ai, bi, r;
+    memcpy(&ai, &a, sizeof ai);
+    memcpy(&bi, &b, sizeof bi);
+    r = (ai & m) | (bi & ~m);
+    v16 out;
+    memcpy(&out, &r, sizeof out);
+    return out;
+}
+
+static inline float hmax(v16 v) {
+    float t[16], m;
+    st(t, v);
+    m = t[0];
+    for (int i = 1; i < 16; i++) m = t[i] > m ? t[i] : m;
+    return m;
+}
+
+static inline float hsum(v16 v) {
+    float t[16], s = 0.f;
+    st(t, v);
+    for (int i = 0; i < 16; i++) s += t[i];
+    return s;
+}
 
 /* r[t] = sum of the lanes of a[t], for 16 vectors at once (a transpose-and-add tree: 45 ops, not 16 x 8). */
 static inline v16 sum16x16(const v16* a) {
@@ -59,20 +89,21 @@ static inline v16 sum16x16(const v16* a) {
     return __builtin_shuffle(d[0], d[1], m4a) + __builtin_shuffle(d[0], d[1], m4b);
 }
 
-/* exp(x) for x <= 0 (Cephes expf, ~1 ulp); written to vectorize, so no libm call per element. */
-static inline float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504088896341f + 0.5f);
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
+/* exp on 16 lanes, for x <= 0 (Cephes expf, ~1 ulp; below -87 it returns ~1e-38, never 0). */
+static inline v16 exp16(v16 x) {
+    const v16 lo = splat(-87.0f), magic = splat(12582912.0f); /* 1.5 * 2^23: round to nearest */
+    x = vsel(x < lo, lo, x);
+    v16 n = (x * 1.44269504088896341f + magic) - magic;
+    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16 p = splat(1.9875691500e-4f);
     p = p * r + 1.3981999507e-3f;
     p = p * r + 8.3334519073e-3f;
     p = p * r + 4.1665795894e-2f;
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t e = ((int32_t)n + 127) << 23;
-    float scale;
+    i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
+    v16 scale;
     memcpy(&scale, &e, sizeof scale);
     return p * scale;
 }
@@ -82,10 +113,12 @@ static inline void prefetch_block(const float* p, int64_t floats) {
     for (int64_t o = 0; o < floats; o += 16) __builtin_prefetch(p + o);
 }
 
+/* ---- decode: one query per sequence, K/V read in place through the block table ---- */
+
 static inline __attribute__((always_inline)) void decode_one(
     const float* restrict qb, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
     const int64_t L, float* restrict s, float* restrict ob, const int64_t Hq, const int64_t Hkv, const int64_t D,
-    const int64_t BS, const int64_t max_len, const float scale) {
+    const int64_t BS, const int64_t stride, const float scale) {
     const int64_t G = Hq / Hkv, tok = Hkv * D, C = D / 16;
     v16 part[Hq][16];
     /* scores = scale * q . k, 16 tokens at a time */
@@ -112,26 +145,29 @@ static inline __attribute__((always_inline)) void decode_one(
             for (int64_t hq = 0; hq < Hq; hq++) {
                 float r[16];
                 st(r, sum16x16(part[hq]) * scale);
-                memcpy(s + hq * max_len + l0 + t0, r, m * sizeof(float));
+                memcpy(s + hq * stride + l0 + t0, r, m * sizeof(float));
             }
         }
     }
-    /* softmax over the L scores of each query head */
+    /* softmax over the L scores of each query head; the row is padded to a multiple of 16 */
+    const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
     for (int64_t hq = 0; hq < Hq; hq++) {
-        float* sh = s + hq * max_len;
-        float mx = -INFINITY, sum = 0.f;
-#pragma omp simd reduction(max : mx)
-        for (int64_t l = 0; l < L; l++) mx = sh[l] > mx ? sh[l] : mx;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t l = 0; l < L; l++) {
-            sh[l] = exp_nonpos(sh[l] - mx);
-            sum += sh[l];
+        float* sh = s + hq * stride;
+        v16 mv = splat(-INFINITY), sv = (v16){0};
+        for (int64_t l = 0; l < L; l += 16) {
+            const v16 x = ld(sh + l);
+            mv = vsel((lane + (int32_t)l < (int32_t)L) & (x > mv), x, mv);
         }
-        const float inv = 1.f / sum;
-#pragma omp simd
-        for (int64_t l = 0; l < L; l++) sh[l] *= inv;
+        const float mx = hmax(mv);
+        for (int64_t l = 0; l < L; l += 16) {
+            v16 e = vsel(lane + (int32_t)l < (int32_t)L, exp16(ld(sh + l) - mx), (v16){0});
+            st(sh + l, e);
+            sv += e;
+        }
+        const float inv = 1.f / hsum(sv);
+        for (int64_t l = 0; l < L; l += 16) st(sh + l, ld(sh + l) * inv);
     }
-    /* out = p . v, per query head and 16 lanes of D, so the accumulator stays in a register */
+    /* out = p . v, per query head with D/16 independent accumulators kept in registers over a block */
     memset(ob, 0, Hq * D * sizeof(float));
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
@@ -140,39 +176,167 @@ static inline __attribute__((always_inline)) void decode_one(
         for (int64_t h = 0; h < Hkv; h++)
             for (int64_t g = 0; g < G; g++) {
                 const int64_t hq = h * G + g;
-                const float* p = s + hq * max_len + l0;
-                for (int64_t c = 0; c < C; c++) {
-                    v16 acc = ld(ob + hq * D + 16 * c);
-                    const float* vp = blk + h * D + 16 * c;
-                    for (int64_t t = 0; t < n; t++) acc += p[t] * ld(vp + t * tok);
-                    st(ob + hq * D + 16 * c, acc);
+                const float* p = s + hq * stride + l0;
+                v16 acc[MAX_CHUNKS];
+                for (int64_t c = 0; c < C; c++) acc[c] = ld(ob + hq * D + 16 * c);
+                for (int64_t t = 0; t < n; t++) {
+                    const float* vp = blk + t * tok + h * D;
+                    const float pt = p[t];
+                    for (int64_t c = 0; c < C; c++) acc[c] += pt * ld(vp + 16 * c);
                 }
+                for (int64_t c = 0; c < C; c++) st(ob + hq * D + 16 * c, acc[c]);
             }
     }
 }
 
 /* q, out: [B, Hq, D]; k_cache, v_cache: [num_blocks, BS, Hkv, D]; block_tables: [B, W] int32;
-   seq_lens: [B] int32; scores: [B, Hq, max_len] scratch. All float32, contiguous, D % 16 == 0. */
+   seq_lens: [B] int32; scores: [B, Hq, stride] scratch, stride >= max seq_len rounded up to 16.
+   All float32, contiguous, D % 16 == 0. */
 void paged_decode_f32(const float* restrict q, const float* restrict kc, const float* restrict vc,
                       const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
                       float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
-                      int64_t max_len, float scale, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static, 1)
+                      int64_t stride, float scale, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) /* lengths differ: balance */
     for (int64_t b = 0; b < B; b++) {
         const float* qb = q + b * Hq * D;
-        float* s = scores + b * Hq * max_len;
+        float* s = scores + b * Hq * stride;
         float* ob = out + b * Hq * D;
         const int32_t* table = block_tables + b * W;
-        if (D == 64)  /* the common head size, with its loop bounds known to the compiler */
-            decode_one(qb, kc, vc, table, seq_lens[b], s, ob, Hq, Hkv, 64, BS, max_len, scale);
+        if (D == 64) /* the common head size, with its loop bounds known to the compiler */
+            decode_one(qb, kc, vc, table, seq_lens[b], s, ob, Hq, Hkv, 64, BS, stride, scale);
         else
-            decode_one(qb, kc, vc, table, seq_lens[b], s, ob, Hq, Hkv, D, BS, max_len, scale);
+            decode_one(qb, kc, vc, table, seq_lens[b], s, ob, Hq, Hkv, D, BS, stride, scale);
+    }
+}
+
+/* ---- prefill: causal attention of a sequence's new tokens over themselves (flash style) ---- */
+
+/* Keys of one (sequence, kv head) as [tiles][D][16]: a 16-key tile's d-th components are one vector, so
+   q . k for 16 keys is D multiply-adds with no horizontal sums. Zero past L. */
+static void transpose_keys(const float* restrict k, const int64_t ks, const int64_t h, const int64_t D,
+                           const int64_t L, float* restrict kt) {
+    for (int64_t j = 0; j < (L + 15) / 16; j++)
+        for (int64_t t = 0; t < 16; t++) {
+            float* dst = kt + j * D * 16 + t;
+            const int64_t row = j * 16 + t;
+            if (row < L) {
+                const float* src = k + row * ks + h * D;
+                for (int64_t d = 0; d < D; d++) dst[d * 16] = src[d];
+            } else {
+                for (int64_t d = 0; d < D; d++) dst[d * 16] = 0.f;
+            }
+        }
+}
+
+#define QK_GROUP 8 /* queries whose scores accumulate together: independent FMA chains */
+#define PV_GROUP 4
+
+static inline __attribute__((always_inline)) void prefill_tile(
+    const float* restrict q, const int64_t qs, const float* restrict kt, const float* restrict v, const int64_t vs,
+    float* restrict out, const int64_t L, const int64_t i0, const int64_t h, const int64_t G, const int64_t Hq,
+    const int64_t D, const float scale) {
+    const int64_t C = D / 16, m = L - i0 < 16 ? L - i0 : 16, NQ = m * G;
+    const int64_t NQP = (NQ + QK_GROUP - 1) / QK_GROUP * QK_GROUP;
+    const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+    float qf[NQP][D], mx[NQ], lsum[NQ], p[NQP][16];
+    v16 acc[NQP][C];
+    for (int64_t qi = 0; qi < NQP; qi++) {
+        for (int64_t c = 0; c < C; c++) acc[qi][c] = (v16){0};
+        if (qi >= NQ) {
+            memset(qf[qi], 0, D * sizeof(float));
+            memset(p[qi], 0, sizeof p[qi]);
+            continue;
+        }
+        const float* qp = q + (i0 + qi / G) * qs + (h * G + qi % G) * D;
+        for (int64_t d = 0; d < D; d++) qf[qi][d] = qp[d] * scale;
+        mx[qi] = -INFINITY;
+        lsum[qi] = 0.f;
+    }
+    for (int64_t j0 = 0; j0 < i0 + m; j0 += 16) {
+        const int64_t nk = i0 + m - j0 < 16 ? i0 + m - j0 : 16;
+        const float* ktile = kt + (j0 / 16) * D * 16;
+        for (int64_t g0 = 0; g0 < NQP; g0 += QK_GROUP) {
+            v16 s[QK_GROUP];
+            for (int i = 0; i < QK_GROUP; i++) s[i] = (v16){0};
+            for (int64_t d = 0; d < D; d++) {
+                const v16 kv = ld(ktile + d * 16);
+                for (int i = 0; i < QK_GROUP; i++) s[i] += qf[g0 + i][d] * kv;
+            }
+            for (int i = 0; i < QK_GROUP && g0 + i < NQ; i++) {
+                const int64_t qi = g0 + i;
+                /* key j0 + t is visible to query row i0 + qi / G when j0 + t <= i0 + qi / G (every tile shows
+                   each row at least its first key, so the running max is finite after the first tile) */
+                const i16v visible = lane + (int32_t)j0 <= (int32_t)(i0 + qi / G);
+                const v16 sc = vsel(visible, s[i], splat(-INFINITY));
+                const float tmax = hmax(sc), mnew = tmax > mx[qi] ? tmax : mx[qi];
+                const v16 e = vsel(visible, exp16(sc - mnew), (v16){0});
+                st(p[qi], e);
+                if (mnew > mx[qi] && mx[qi] != -INFINITY) { /* rescale what was summed under the old max */
+                    float corr[16];
+                    st(corr, exp16(splat(mx[qi] - mnew)));
+                    lsum[qi] *= corr[0];
+                    for (int64_t c = 0; c < C; c++) acc[qi][c] *= corr[0];
+                }
+                mx[qi] = mnew;
+                lsum[qi] += hsum(e);
+            }
+        }
+        for (int64_t g0 = 0; g0 < NQ; g0 += PV_GROUP)
+            for (int64_t c = 0; c < C; c++) {
+                v16 a[PV_GROUP];
+                for (int i = 0; i < PV_GROUP; i++) a[i] = acc[g0 + i][c];
+                for (int64_t t = 0; t < nk; t++) {
+                    const v16 vv = ld(v + (j0 + t) * vs + h * D + 16 * c);
+                    for (int i = 0; i < PV_GROUP; i++) a[i] += p[g0 + i][t] * vv;
+                }
+                for (int i = 0; i < PV_GROUP; i++) acc[g0 + i][c] = a[i];
+            }
+    }
+    for (int64_t qi = 0; qi < NQ; qi++) {
+        const float inv = 1.f / lsum[qi];
+        float* op = out + ((i0 + qi / G) * Hq + h * G + qi % G) * D;
+        for (int64_t c = 0; c < C; c++) st(op + 16 * c, acc[qi][c] * inv);
+    }
+}
+
+/* Sequence s owns rows starts[s] .. starts[s] + lens[s] of the flat batch. q/k/v: rows at strides qs/ks/vs
+   (floats), heads of D contiguous; out: [T, Hq, D] contiguous; kt: scratch of T rounded up per sequence to
+   16, times Hkv * D floats (ktoff[s] floats in for sequence s). Work items: (sequence, query tile, kv head),
+   latest tiles (the most keys) first so the dynamic schedule ends balanced. */
+void prefill_attention_f32(const float* q, int64_t qs, const float* k, int64_t ks, const float* v, int64_t vs,
+                           float* out, float* kt, const int64_t* starts, const int64_t* lens, const int64_t* ktoff,
+                           int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, int nthreads) {
+    int64_t items = 0;
+    for (int64_t s = 0; s < S; s++) items += Hkv * ((lens[s] + 15) / 16);
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t sh = 0; sh < S * Hkv; sh++) {
+            const int64_t s = sh / Hkv, h = sh % Hkv;
+            transpose_keys(k + starts[s] * ks, ks, h, D, lens[s], kt + ktoff[s] + h * ((lens[s] + 15) / 16) * 16 * D);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            int64_t rest = it, s = 0;
+            while (rest >= Hkv * ((lens[s] + 15) / 16)) rest -= Hkv * ((lens[s++] + 15) / 16);
+            const int64_t tiles = (lens[s] + 15) / 16;
+            const int64_t tile = tiles - 1 - rest / Hkv, h = rest % Hkv, G = Hq / Hkv;
+            const int64_t row = starts[s];
+            const float *qq = q + row * qs, *vv = v + row * vs, *kk = kt + ktoff[s] + h * tiles * 16 * D;
+            float* oo = out + row * Hq * D;
+            if (D == 64 && G == 3)
+                prefill_tile(qq, qs, kk, vv, vs, oo, lens[s], tile * 16, h, 3, Hq, 64, scale);
+            else if (D == 64)
+                prefill_tile(qq, qs, kk, vv, vs, oo, lens[s], tile * 16, h, G, Hq, 64, scale);
+            else
+                prefill_tile(qq, qs, kk, vv, vs, oo, lens[s], tile * 16, h, G, Hq, D, scale);
+        }
     }
 }
 """
 
 _FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
-#: The kernel keeps 16 partial vectors per query head on the stack.
+#: The decode kernel keeps 16 partial vectors per query head on the stack.
 _MAX_QUERY_HEADS = 256
 
 
@@ -193,45 +357,55 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str) -> Path:
     key = hashlib.sha256("\0".join([_SOURCE, compiler, *_FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"paged_decode_{key}.so"
+    target = _cache_dir() / f"cpu_attention_{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "paged_decode.c"
+        src = Path(tmp) / "cpu_attention.c"
         src.write_text(_SOURCE)
         out = Path(tmp) / target.name
         subprocess.run([compiler, *_FLAGS, str(src), "-o", str(out)], check=True, capture_output=True, text=True,
                        timeout=300)
         os.replace(out, target)  # atomic: concurrent builders (TP ranks, test workers) never see half a file
-    logger.info("built the CPU paged-attention kernel: %s", target)
+    logger.info("built the CPU attention kernels: %s", target)
     return target
 
 
-class PagedDecodeKernel:
+def _rows_ok(x: torch.Tensor) -> bool:
+    """[T, H, D] with each row's heads back to back (any row stride): views of the fused qkv output."""
+    return x.dim() == 3 and x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
+class CpuAttentionKernels:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
-        fn = lib.paged_decode_f32
-        ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-        fn.argtypes = [ptr] * 7 + [i64] * 7 + [ctypes.c_float, ctypes.c_int]
-        fn.restype = None
-        self._lib, self._fn = lib, fn
+        ptr, i64, f32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+        self._decode = lib.paged_decode_f32
+        self._decode.argtypes = [ptr] * 7 + [i64] * 7 + [f32, i32]
+        self._decode.restype = None
+        self._prefill = lib.prefill_attention_f32
+        self._prefill.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f32, i32]
+        self._prefill.restype = None
+        self._lib = lib
 
     @staticmethod
-    def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
+        """q [T, Hq, D]; k: the cache ([blocks, block_size, Hkv, D], decode) or the new keys ([T, Hkv, D])."""
+        dim = q.shape[-1]
         return (
             q.device.type == "cpu"
             and q.dtype == torch.float32
-            and k_cache.dtype == torch.float32
-            and q.shape[-1] % 16 == 0
+            and k.dtype == torch.float32
+            and dim % 16 == 0
+            and dim <= 256
             and q.shape[1] <= _MAX_QUERY_HEADS
-            and k_cache.is_contiguous()
         )
 
-    def __call__(
+    def decode(
         self,
         q: torch.Tensor,  # [B, Hq, D]
-        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], contiguous
         v_cache: torch.Tensor,
         block_tables: torch.Tensor,  # [B, >= blocks needed] int32
         seq_lens: torch.Tensor,  # [B] int32
@@ -240,40 +414,66 @@ class PagedDecodeKernel:
     ) -> torch.Tensor:
         batch, heads, dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
         q = q.contiguous()
         tables = block_tables.to(torch.int32).contiguous()
         lens = seq_lens.to(torch.int32).contiguous()
-        assert v_cache.is_contiguous() and v_cache.shape == k_cache.shape
         out = torch.empty_like(q)
-        scores = torch.empty((batch, heads, max_seq_len), dtype=torch.float32)
-        self._fn(
+        stride = -(-max_seq_len // 16) * 16
+        scores = torch.empty((batch, heads, stride), dtype=torch.float32)
+        self._decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
             out.data_ptr(), scores.data_ptr(), batch, heads, kv_heads, dim, block_size, tables.shape[1],
-            max_seq_len, scale, torch.get_num_threads(),
+            stride, scale, torch.get_num_threads(),
         )
         return out
 
+    def prefill(
+        self,
+        q: torch.Tensor,  # [T, Hq, D] (rows may be strided)
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        out: torch.Tensor,  # [T, Hq, D] contiguous; the sequences' rows are written
+        sequences: list[tuple[int, int]],  # (first row, length) of each sequence, nothing cached before
+        scale: float,
+    ) -> None:
+        """Causal attention of each sequence's tokens over themselves, all sequences in one call."""
+        qkv = [x if _rows_ok(x) else x.contiguous() for x in (q, k, v)]
+        assert out.is_contiguous() and out.shape == q.shape
+        (q, k, v), heads, kv_heads, dim = qkv, q.shape[1], k.shape[1], q.shape[2]
+        padded = [-(-n // 16) * 16 for _, n in sequences]  # keys are transposed into 16-key tiles
+        offsets = [0]
+        for n in padded[:-1]:
+            offsets.append(offsets[-1] + n * kv_heads * dim)
+        meta = torch.tensor([[s for s, _ in sequences], [n for _, n in sequences], offsets], dtype=torch.int64)
+        key_tiles = torch.empty(sum(padded) * kv_heads * dim, dtype=torch.float32)
+        self._prefill(
+            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out.data_ptr(),
+            key_tiles.data_ptr(), meta[0].data_ptr(), meta[1].data_ptr(), meta[2].data_ptr(), len(sequences), heads,
+            kv_heads, dim, scale, torch.get_num_threads(),
+        )
+
 
 _lock = threading.Lock()
-_kernel: PagedDecodeKernel | None = None
+_kernels: CpuAttentionKernels | None = None
 _tried = False
 
 
-def paged_decode_kernel() -> PagedDecodeKernel | None:
-    """The compiled kernel, or None (logged once) where it can't be built or is switched off with
+def cpu_attention_kernels() -> CpuAttentionKernels | None:
+    """The compiled kernels, or None (logged once) where they can't be built or are switched off with
     TGI_LLM_CPU_KERNELS=0."""
-    global _kernel, _tried
+    global _kernels, _tried
     if _tried:
-        return _kernel
+        return _kernels
     with _lock:
         if not _tried:
             if os.environ.get("TGI_LLM_CPU_KERNELS", "1") == "0":
-                logger.info("CPU attention kernel switched off (TGI_LLM_CPU_KERNELS=0)")
+                logger.info("CPU attention kernels switched off (TGI_LLM_CPU_KERNELS=0)")
             else:
                 try:
-                    _kernel = PagedDecodeKernel(_build(os.environ.get("CC", "cc")))
+                    _kernels = CpuAttentionKernels(_build(os.environ.get("CC", "cc")))
                 except (OSError, subprocess.SubprocessError) as exc:
                     detail = getattr(exc, "stderr", "") or exc
-                    logger.warning("CPU attention kernel unavailable, using the torch path: %s", detail)
+                    logger.warning("CPU attention kernels unavailable, using the torch path: %s", detail)
             _tried = True
-    return _kernel
+    return _kernels

@@ -1,8 +1,9 @@
 """Paged attention in plain torch: the CPU backend and the reference the others are checked against.
 
-Decode sequences (one new token each) go through the C kernel of cpu_kernels.py on the CPU, which reads
-K/V in place; elsewhere (or without a compiler) through one batched SDPA call over K/V gathered from
-their block tables and padded to the longest. Each prefill sequence gets its own SDPA call.
+On the CPU (float32), decode sequences (one new token each) and prompts with nothing cached go through
+the C kernels of cpu_kernels.py: decode reads K/V in place through the block tables, and all the step's
+prompts share one call. Elsewhere (or without a compiler): decodes through one batched SDPA call over K/V
+gathered from their block tables and padded to the longest, each prompt through its own SDPA call.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tgi_llm.attention.cpu_kernels import paged_decode_kernel
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.kv_cache import gather_kv, write_kv_cache
 
@@ -34,14 +35,20 @@ class TorchPagedAttention:
         if attn.is_pure_decode and q.shape[0] == attn.num_seqs:  # the common step: all decodes
             return self._decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale)
 
-        out = torch.empty_like(q)
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
+        if kernels is not None and not kernels.supports(q, k):
+            kernels = None
         decode_seqs: list[int] = []
         decode_tokens: list[int] = []
+        fresh: list[tuple[int, int]] = []  # prompts with nothing cached: one kernel call for all of them
         start = 0
         for i, (q_len, seq_len) in enumerate(zip(attn.query_lens_cpu, attn.seq_lens_cpu, strict=True)):
             if q_len == 1:
                 decode_seqs.append(i)
                 decode_tokens.append(start)
+            elif q_len > 1 and kernels is not None and seq_len == q_len:
+                fresh.append((start, q_len))
             elif q_len > 1:
                 out[start : start + q_len] = self._prefill(
                     q[start : start + q_len],
@@ -54,6 +61,8 @@ class TorchPagedAttention:
                     scale,
                 )
             start += q_len
+        if fresh:
+            kernels.prefill(q, k, v, out, fresh, scale)
         if decode_seqs:
             seq_idx = torch.tensor(decode_seqs, device=q.device)
             tok_idx = torch.tensor(decode_tokens, device=q.device)
@@ -79,9 +88,10 @@ class TorchPagedAttention:
         scale: float,
     ) -> torch.Tensor:
         """q: [B, Hq, D], one query per sequence -> [B, Hq, D]."""
-        kernel = paged_decode_kernel() if q.device.type == "cpu" else None
-        if kernel is not None and kernel.supports(q, k_cache):  # no gathered copy of K/V (cpu_kernels.py)
-            return kernel(q, k_cache, v_cache, block_tables, seq_lens, max(seq_lens_cpu), scale)
+        kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
+        if kernels is not None and kernels.supports(q, k_cache) and k_cache.is_contiguous():
+            # reads K/V in place, no gathered copy (cpu_kernels.py)
+            return kernels.decode(q, k_cache, v_cache, block_tables, seq_lens, max(seq_lens_cpu), scale)
         batch, num_heads, dim = q.shape
         block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
         num_blocks = -(-max(seq_lens_cpu) // block_size)

@@ -1,0 +1,45 @@
+"""The server's own per-step forward times, from its Prometheus histogram `tgi_batch_forward_duration`
+(sum and count per method), read before and after a run: the server engine's steps are in another
+process, so this is how a run through Triton shows whether the forward itself got slower."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from dataclasses import dataclass
+
+_LINE = re.compile(r'^tgi_batch_forward_duration_(sum|count)\{[^}]*method="(\w+)"[^}]*\} (\S+)$')
+
+
+@dataclass(frozen=True)
+class ForwardTotals:
+    """method -> (steps, seconds of forward)."""
+
+    by_method: dict[str, tuple[float, float]]
+
+    def minus(self, before: ForwardTotals) -> dict[str, dict[str, float]]:
+        out = {}
+        for method, (count, total) in self.by_method.items():
+            c0, t0 = before.by_method.get(method, (0.0, 0.0))
+            steps, seconds = count - c0, total - t0
+            if steps > 0:
+                out[method] = {"steps": steps, "forward_s": seconds, "forward_mean_s": seconds / steps}
+        return out
+
+
+def parse_forward_totals(text: str) -> ForwardTotals:
+    values: dict[str, dict[str, float]] = {}
+    for line in text.splitlines():
+        m = _LINE.match(line.strip())
+        if m:
+            values.setdefault(m.group(2), {})[m.group(1)] = float(m.group(3))
+    return ForwardTotals({k: (v.get("count", 0.0), v.get("sum", 0.0)) for k, v in values.items()})
+
+
+def read_forward_totals(metrics_url: str) -> ForwardTotals | None:
+    """None when the metrics endpoint cannot be read (the benchmark then reports no server steps)."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as r:
+            return parse_forward_totals(r.read().decode())
+    except OSError:
+        return None
