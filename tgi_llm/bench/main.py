@@ -199,7 +199,7 @@ class Bench:
         if any(r.error and r.error.startswith("not finished") for r in records):
             self._client = None  # closed by the driver
         if target.metrics_url:
-            time.sleep(0.1)  # the server's responder publishes step timings every 20 ms
+            time.sleep(0.3)  # the server's responder publishes step timings every 100 ms
         after = read_forward_totals(target.metrics_url) if target.metrics_url else None
         steps = after.minus(before) if before and after else None
         return SystemRun(summarize(target.system, records, wall, load.concurrency, load.request_rate),

@@ -82,7 +82,7 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "max_batch_size": "",
     "block_size": "16",
     "json_output": "false",
-    "cancellation_poll_ms": "20",
+    "cancellation_poll_ms": "100",
 }
 
 
