@@ -8,7 +8,6 @@ import os
 import queue
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,23 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from tgi_llm.bench.server import free_ports
+
 MODEL = "tgi_llm"
 START_TIMEOUT_S = 900.0  # hang guard: first start may convert the GGUF
 RESPONSE_TIMEOUT_S = 300.0  # hang guard per response
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports (all bound at once, so the kernel cannot hand out the same one twice)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float = 60.0, poll_s: float = 0.1) -> bool:
