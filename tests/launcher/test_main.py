@@ -49,3 +49,30 @@ def test_model_that_fails_to_load_stops_the_launcher_with_a_clear_message(tmp_pa
                         "--max-batch-total-tokens", "4096", "--max-total-tokens", "1024")
     assert done.returncode == 1, done.stderr[-3000:]
     assert "before model `tgi_llm` was ready: the model failed to load: " in done.stderr  # with the reason
+
+
+@pytest.mark.integration
+def test_model_process_killed_under_tritonserver_stops_the_launcher(tmp_path, tiny_llama_dir):
+    # Triton would go on reporting the model ready and fail every request ("Stub process ... is not
+    # healthy"); the launcher must stop instead, as TGI's does when a shard crashes.
+    import signal
+
+    from tests.integration.harness import START_TIMEOUT_S, launch, wait_until
+    from tgi_llm.launcher.process import STUB_BINARY
+    from tgi_llm.procfs import children, cmdline, pid_alive
+
+    server = launch(tmp_path, "--model-id", str(tiny_llama_dir), "--max-batch-total-tokens", "4096",
+                    "--max-input-tokens", "256", "--max-total-tokens", "512")
+    try:
+        # the launcher's own Ready line: from then on it watches the model's process
+        assert wait_until(lambda: "INFO tgi_llm.launcher: Ready:" in server.log_path.read_text(), START_TIMEOUT_S)
+        (triton,) = children(server.process.pid)
+        stubs = [p for p in children(triton) if cmdline(p) and cmdline(p)[0].endswith(STUB_BINARY)]
+        assert len(stubs) == 1, stubs
+        os.kill(stubs[0], signal.SIGKILL)
+        assert server.process.wait(120) == 1  # hang guard
+        log = server.log_path.read_text()
+        assert "ShardFailed" in log and f"pid {stubs[0]}) died" in log, server.log_tail()
+        assert not pid_alive(triton)
+    finally:
+        server.stop()

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
+import time
 
 from tgi_llm.launcher.process import ServerProcess, load_failure
 
@@ -35,3 +38,34 @@ def test_load_failure_reason_is_quoted_from_the_log():
     line = "E1122 failed to load 'tgi_llm' version 1: Internal: ValueError: bad config\\nmore"
     assert load_failure(line) == "Internal: ValueError: bad config"
     assert load_failure(UNLOAD_LINE) is None
+
+
+def test_model_processes_are_the_stubs_running_the_model():
+    # A stand-in tritonserver with three children: the model's stub, another model's stub, something else
+    # (Pythons that sleep, with the stub's name as argv[0] and its instance-name argument).
+    def child(argv0: str, instance: str) -> str:
+        return (f"subprocess.Popen([{argv0!r}, '-c', 'import time; time.sleep(60)', 'model.py', {instance!r}, "
+                "'DEFAULT'], executable=sys.executable)")
+
+    spawn = "\n".join([
+        "import subprocess, sys, time",
+        f"ours = {child('/opt/tritonserver/backends/python/triton_python_backend_stub', 'tgi_llm_0_0')}",
+        child("triton_python_backend_stub", "other_0_0"),
+        child("python3", "tgi_llm_0_0"),
+        "time.sleep(60)",
+    ])
+    server = ServerProcess([sys.executable, "-c", spawn], env={})
+    server.start()
+    try:
+        found: list[int] = []
+        for _ in range(200):  # hang guard while the children start
+            found = server.model_processes("tgi_llm")
+            if found:
+                break
+            time.sleep(0.05)
+        assert len(found) == 1
+        assert server.model_processes("other") != found and len(server.model_processes("other")) == 1
+        assert server.model_processes("absent") == []
+    finally:
+        os.killpg(server.process.pid, signal.SIGKILL)  # its own session: the children go too
+        server.wait()

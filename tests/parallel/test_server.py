@@ -11,7 +11,7 @@ import pytest
 
 from tests.integration.harness import START_TIMEOUT_S, grpc_generate, launch, wait_until
 from tgi_llm import LLM
-from tgi_llm.parallel.launch import pid_alive
+from tgi_llm.procfs import pid_alive
 
 from .conftest import parent_of, shard_pids_of_any_parent
 

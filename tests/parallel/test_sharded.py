@@ -21,7 +21,7 @@ from tgi_llm.events import ErrorEvent, FinalEvent, TokenEvent
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models.llama import load_model
 from tgi_llm.parallel import ShardGroup, launch
-from tgi_llm.parallel.launch import pid_alive
+from tgi_llm.procfs import pid_alive
 from tgi_llm.runner.batch_inputs import plan_step
 from tgi_llm.runner.model_runner import ModelRunner
 

@@ -24,6 +24,7 @@ from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.launcher.process import ServerProcess
 from tgi_llm.launcher.repository import MODEL_NAME, write_repository
 from tgi_llm.launcher.tritonserver import ServerConfig, find_tritonserver, server_command, server_env
+from tgi_llm.procfs import pid_alive
 
 logger = logging.getLogger("tgi_llm.launcher")
 
@@ -130,10 +131,14 @@ class _Failed(Exception):
 
 
 def _wait(server: ServerProcess, front: FrontProcess | None, ready_url: str) -> int:
-    """Until tritonserver exits. If the front dies, or the model stops being ready (its engine or a shard
-    died and it unloaded itself), stop tritonserver and fail, as TGI's launcher does on a crash."""
+    """Until tritonserver exits. If the front dies, the model stops being ready (its engine or a shard
+    died and it unloaded itself), or the model's process dies (killed, crashed: Triton would go on calling
+    the model ready and fail every request), stop tritonserver and fail, as TGI's launcher does on a crash."""
     failure = None
     next_check = time.monotonic() + 1.0
+    model_pids = server.model_processes(MODEL_NAME)
+    if not model_pids:
+        logger.warning("model `%s`'s process not found under tritonserver: its death would go unnoticed", MODEL_NAME)
     while server.process.poll() is None:
         if not server.stop_requested and failure is None:
             if front is not None and not front.alive():
@@ -142,7 +147,10 @@ def _wait(server: ServerProcess, front: FrontProcess | None, ready_url: str) -> 
                 failure = f"model `{MODEL_NAME}` is no longer ready: its engine or a shard failed"
             elif time.monotonic() >= next_check:
                 next_check = time.monotonic() + 1.0
-                if not server.is_ready(ready_url):
+                if model_pids and not any(pid_alive(p) for p in model_pids):
+                    failure = (f"model `{MODEL_NAME}`'s process (Triton's Python backend stub, pid "
+                               f"{', '.join(map(str, model_pids))}) died: killed or crashed")
+                elif not server.is_ready(ready_url):
                     failure = f"model `{MODEL_NAME}` is no longer ready: its engine or a shard failed"
             if failure is not None:
                 logger.error("%s: stopping tritonserver", failure)

@@ -16,10 +16,14 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 
 from tgi_llm.launcher.logs import json_line
+from tgi_llm.procfs import children, cmdline
 
 logger = logging.getLogger("tgi_llm.launcher")
 
 _TRITON_LEVELS = {"I": "INFO", "W": "WARN", "E": "ERROR", "V": "DEBUG"}
+
+#: The Python backend runs each model instance in a child process of tritonserver with this name.
+STUB_BINARY = "triton_python_backend_stub"
 
 
 def _die_with_parent() -> None:
@@ -53,6 +57,10 @@ def load_failure(line: str) -> str | None:
     if match is None:
         return None
     return match.group(1).split("\\n")[0].strip().rstrip('"')
+
+
+def _runs_instance_of(argv: list[str], model: str) -> bool:
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] == STUB_BINARY and any(a.startswith(f"{model}_") for a in argv[1:])
 
 
 class ServerProcess:
@@ -96,6 +104,12 @@ class ServerProcess:
                 return True
             time.sleep(poll_s)
         return False
+
+    def model_processes(self, model: str) -> list[int]:
+        """The Python backend stubs running `model`'s instances (named `<model>_<n>_<device>` on their
+        command line): the processes our engine lives in."""
+        assert self.process is not None
+        return [pid for pid in children(self.process.pid) if _runs_instance_of(cmdline(pid), model)]
 
     @staticmethod
     def is_ready(url: str) -> bool:

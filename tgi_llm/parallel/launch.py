@@ -38,6 +38,7 @@ from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.kv_cache import KVCache
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.parallel.comm import SETUP, STOP, PlanChannel, destroy_groups, init_groups
+from tgi_llm.procfs import pid_alive
 from tgi_llm.weights.safetensors_loader import Shard
 
 if TYPE_CHECKING:
@@ -93,14 +94,6 @@ def local_config(config: ModelConfig, world_size: int) -> ModelConfig:
     """The config as one rank's KV cache sees it: 1/world_size of the heads and KV heads."""
     return replace(config, num_attention_heads=config.num_attention_heads // world_size,
                    num_key_value_heads=config.num_key_value_heads // world_size)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")  # a zombie has exited
 
 
 def _wait_gone(pids: list[int], timeout: float) -> bool:

@@ -63,7 +63,7 @@ def _leave_pmi() -> None:
 
 
 def _exit_with_parent(parent_pid: int) -> None:
-    from tgi_llm.parallel.launch import pid_alive
+    from tgi_llm.procfs import pid_alive
 
     while pid_alive(parent_pid):
         time.sleep(0.5)
