@@ -99,3 +99,10 @@ def test_a_load_needs_a_concurrency_or_a_rate():
         LoadSpec(None, None)
     with pytest.raises(ValueError):
         LoadSpec(0)
+
+
+def test_requests_never_sent_before_the_time_bound_say_so():
+    client = FakeClient(hang={0})
+    records, _ = run_load(client, requests(3), LoadSpec(1, timeout_s=0.3), progress=False)  # one at a time
+    assert "not finished within" in records[0].error
+    assert [r.error for r in records[1:]] == ["not sent within 0.3 s"] * 2

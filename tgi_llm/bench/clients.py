@@ -53,8 +53,10 @@ class _LoopThread:
         """Run `coro` on the loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+    def spawn_request(self, stream: Coroutine[Any, Any, None], record: RequestRecord, done: Done) -> None:
+        """Run one request's `stream` (which fills `record`) on the loop; `done(record)` once it ends,
+        whatever ends it, except a cancel: then the driver, which timed out, marks the request itself."""
+        future = asyncio.run_coroutine_threadsafe(_guarded(stream, record, done), self.loop)
         self._running.add(future)
         future.add_done_callback(self._running.discard)
 
@@ -67,6 +69,18 @@ class _LoopThread:
         self._thread.join(30.0)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+async def _guarded(stream: Coroutine[Any, Any, None], record: RequestRecord, done: Done) -> None:
+    try:
+        await stream
+    except asyncio.CancelledError:
+        return
+    except Exception as exc:  # a broken stream or connection fails this request only
+        record.error = f"{type(exc).__name__}: {exc}"
+    if record.end is None:
+        record.end = time.perf_counter()
+    done(record)
 
 
 class GrpcStreamClient:
@@ -94,35 +108,26 @@ class GrpcStreamClient:
         self.prepare(1)
         inputs = self._inputs(request)
         record.start = time.perf_counter()
-        self._loop.spawn(self._run(request, inputs, record, done))
+        self._loop.spawn_request(self._stream(request, inputs, record), record, done)
 
-    async def _run(self, request: BenchRequest, inputs: list[Any], record: RequestRecord, done: Done) -> None:
+    async def _stream(self, request: BenchRequest, inputs: list[Any], record: RequestRecord) -> None:
         async def one_request() -> Any:
             yield {"model_name": self._model, "inputs": inputs, "request_id": str(request.index)}
 
-        try:
-            async for result, error in self._client.stream_infer(one_request()):
-                now = time.perf_counter()  # first thing: the arrival time is what we measure
-                if error is not None:
-                    record.error = str(error)
-                    break
-                response = result.get_response()
-                if any(o.name == "text_output" for o in response.outputs):
-                    record.token_times.append(now)
-                if response.parameters["triton_final_response"].bool_param:
-                    record.reported_output_tokens = _first_int(result.as_numpy("num_output_tokens"))
-                    record.reported_input_tokens = _first_int(result.as_numpy("num_input_tokens"))
-                    record.end = now
-                    break
-            else:
-                record.error = "stream ended without a final response"
-        except asyncio.CancelledError:
-            return  # the driver timed out: it marks the request failed itself
-        except Exception as exc:  # a broken stream fails this request only
-            record.error = f"{type(exc).__name__}: {exc}"
-        if record.end is None:
-            record.end = time.perf_counter()
-        done(record)
+        async for result, error in self._client.stream_infer(one_request()):
+            now = time.perf_counter()  # first thing: the arrival time is what we measure
+            if error is not None:
+                record.error = str(error)
+                return
+            response = result.get_response()
+            if any(o.name == "text_output" for o in response.outputs):
+                record.token_times.append(now)
+            if response.parameters["triton_final_response"].bool_param:
+                record.reported_output_tokens = _first_int(result.as_numpy("num_output_tokens"))
+                record.reported_input_tokens = _first_int(result.as_numpy("num_input_tokens"))
+                record.end = now
+                return
+        record.error = "stream ended without a final response"
 
     def _inputs(self, request: BenchRequest) -> list[Any]:
         import tritonclient.grpc as grpcclient
@@ -175,38 +180,31 @@ class HttpStreamClient:
     def start(self, request: BenchRequest, record: RequestRecord, done: Done) -> None:
         self.prepare(1)
         record.start = time.perf_counter()
-        self._loop.spawn(self._run(request, record, done))
+        self._loop.spawn_request(self._stream(request, record), record, done)
 
-    async def _run(self, request: BenchRequest, record: RequestRecord, done: Done) -> None:
+    async def _stream(self, request: BenchRequest, record: RequestRecord) -> None:
         body = {"text_input": request.prompt, "max_tokens": request.output_len, "stream": True,
                 "ignore_eos": self._ignore_eos}
-        try:
-            async with self._http.stream("POST", self._url, json=body,
-                                         headers={"Accept": "text/event-stream"}) as r:
-                if r.status_code != 200:
-                    record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
-                async for line in r.aiter_lines():
-                    if record.error is not None or not line.startswith("data:"):
-                        continue
-                    now = time.perf_counter()
-                    event = json.loads(line[len("data:"):])
-                    if "error" in event:
-                        record.error = str(event["error"])
-                    elif "text_output" in event:
-                        record.token_times.append(now)
-                    if "finish_reason" in event:
-                        record.reported_output_tokens = _first_int(event.get("num_output_tokens"))
-                        record.reported_input_tokens = _first_int(event.get("num_input_tokens"))
-                        record.end = now
-            if record.end is None and record.error is None:
-                record.error = "stream ended without a final response"
-        except asyncio.CancelledError:
-            return  # the driver timed out: it marks the request failed itself
-        except Exception as exc:  # a broken connection fails this request only
-            record.error = f"{type(exc).__name__}: {exc}"
+        async with self._http.stream("POST", self._url, json=body, headers={"Accept": "text/event-stream"}) as r:
+            if r.status_code != 200:
+                record.error = f"HTTP {r.status_code}: {(await r.aread())[:300]!r}"
+                return
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                now = time.perf_counter()
+                event = json.loads(line[len("data:"):])
+                if "error" in event:
+                    record.error = str(event["error"])
+                    return
+                if "text_output" in event:
+                    record.token_times.append(now)
+                if "finish_reason" in event:
+                    record.reported_output_tokens = _first_int(event.get("num_output_tokens"))
+                    record.reported_input_tokens = _first_int(event.get("num_input_tokens"))
+                    record.end = now
         if record.end is None:
-            record.end = time.perf_counter()
-        done(record)
+            record.error = "stream ended without a final response"
 
     def close(self, cancel: bool = False) -> None:
         if self._loop is None:

@@ -99,7 +99,10 @@ def run_load(client: StreamClient, requests: Sequence[BenchRequest], load: LoadS
         bar.close()
         if timed_out:
             client.close(cancel=True)
-    for record in records:
+    for i, record in enumerate(records):
         if record.end is None and record.error is None:
-            record.error = f"not finished within {load.timeout_s:.0f} s" if timed_out else "not sent"
+            if i >= sent:
+                record.error = f"not sent within {load.timeout_s:g} s" if timed_out else "not sent"
+            else:
+                record.error = f"not finished within {load.timeout_s:g} s"
     return records, wall_time(records)
