@@ -18,18 +18,18 @@ def pid_alive(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")  # a zombie has exited
 
 
+def parent_pid(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[1]) if fields is not None else None
+
+
 def children(pid: int) -> list[int]:
     """Live processes whose parent is `pid`."""
-    out = []
     proc = Path("/proc")
     if not proc.is_dir():
-        return out
-    for entry in proc.iterdir():
-        if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and fields[1] == str(pid) and fields[0] not in ("Z", "X"):
-                out.append(int(entry.name))
-    return out
+        return []
+    return [int(e.name) for e in proc.iterdir() if e.name.isdigit() and parent_pid(int(e.name)) == pid
+            and pid_alive(int(e.name))]
 
 
 def cmdline(pid: int) -> list[str]:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
 from tgi_llm.engine.block_allocator import BlockAllocator
 from tgi_llm.engine.sequence import Sequence
+from tgi_llm.procfs import cmdline, pid_alive
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
 
 torch.set_num_threads(1)  # the shard ranks share the machine's cores with this process
@@ -24,41 +24,21 @@ def make_seq(request_id: int, prompt: list[int], allocator: BlockAllocator, max_
     return seq
 
 
+def _live_shard_processes(parent_pid: int | None) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and pid_alive(int(name)):
+            argv = cmdline(int(name))
+            if "tgi_llm.parallel.shard_main" in argv and (parent_pid is None or f"--parent={parent_pid}" in argv):
+                found.append(int(name))
+    return found
+
+
 def shard_pids(parent_pid: int | None = None) -> list[int]:
     """Live (non-zombie) shard processes spawned by `parent_pid` (default: this process)."""
-    tag = f"--parent={parent_pid or os.getpid()}".encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if b"tgi_llm.parallel.shard_main" in cmdline and tag in cmdline and state not in ("Z", "X"):
-            found.append(int(proc.name))
-    return found
+    return _live_shard_processes(parent_pid or os.getpid())
 
 
 def shard_pids_of_any_parent() -> list[int]:
     """Every live shard process on the machine (guards included), whoever spawned it."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            state = (proc / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if b"tgi_llm.parallel.shard_main" in cmdline and state not in ("Z", "X"):
-            found.append(int(proc.name))
-    return found
-
-
-def parent_of(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    return _live_shard_processes(None)

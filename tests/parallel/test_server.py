@@ -11,9 +11,9 @@ import pytest
 
 from tests.integration.harness import START_TIMEOUT_S, grpc_generate, launch, wait_until
 from tgi_llm import LLM
-from tgi_llm.procfs import pid_alive
+from tgi_llm.procfs import parent_pid, pid_alive
 
-from .conftest import parent_of, shard_pids_of_any_parent
+from .conftest import shard_pids_of_any_parent
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,7 @@ def test_killing_a_shard_under_triton_fails_every_stream_and_leaves_no_process(t
         for t in threads:
             t.start()
         started.wait(timeout=START_TIMEOUT_S)  # every stream has its first token
-        (shard,) = [p for p in ours if parent_of(p) in ours]  # the guard's child
+        (shard,) = [p for p in ours if parent_pid(p) in ours]  # the guard's child
         os.kill(shard, signal.SIGKILL)
         for t in threads:
             t.join(timeout=START_TIMEOUT_S)

@@ -14,23 +14,23 @@ from tritonclient.grpc import InferResult, service_pb2
 
 from tgi_llm.front.errors import FrontError
 from tgi_llm.front.protocol import Chunk, GenerateSpec, TokenInfo
-
-# Output tensor names.
-TEXT = "text_output"
-FINISH_REASON = "finish_reason"
-NUM_INPUT = "num_input_tokens"
-NUM_OUTPUT = "num_output_tokens"
-TOKEN_IDS = "token_ids"
-TOKEN_TEXTS = "token_texts"
-TOKEN_LOGPROBS = "token_logprobs"
-TOKEN_SPECIAL = "token_special"
-TOP_IDS = "top_token_ids"
-TOP_TEXTS = "top_token_texts"
-TOP_LOGPROBS = "top_token_logprobs"
-PREFILL_IDS = "prefill_token_ids"
-PREFILL_TEXTS = "prefill_token_texts"
-PREFILL_LOGPROBS = "prefill_token_logprobs"
-SEED = "seed"
+from tgi_llm.triton.outputs import (  # the names the model's responses use
+    FINISH_REASON,
+    NUM_INPUT,
+    NUM_OUTPUT,
+    PREFILL_IDS,
+    PREFILL_LOGPROBS,
+    PREFILL_TEXTS,
+    SEED,
+    TEXT,
+    TOKEN_IDS,
+    TOKEN_LOGPROBS,
+    TOKEN_SPECIAL,
+    TOKEN_TEXTS,
+    TOP_IDS,
+    TOP_LOGPROBS,
+    TOP_TEXTS,
+)
 
 
 def _bytes_tensor(name: str, values: list[str]) -> service_pb2.ModelInferRequest.InferInputTensor:
