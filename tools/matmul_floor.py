@@ -1,13 +1,7 @@
-"""The matmul floor of a decode step: the model's matrix multiplications alone, at the decode batch shapes.
+"""The matmul floor of a decode step (tgi_llm/bench/floor.py: the model's linears alone, at the decode batch
+shapes) at several batch sizes, next to plain `F.linear` (MKL) on the same weights, interleaved.
 
     python tools/matmul_floor.py --batch-sizes 1 8 16 32 64
-
-A decode step of B sequences multiplies a [B, in] activation by every linear weight of every layer (fused
-qkv, o, fused gate/up, down) and then by the LM head. `MatmulFloor` runs exactly those products through the
-model's own `Linear` modules (so the same kernels and weight layout as the real step) on random
-activations, and nothing else: no norms, rope, attention, sampling or Python between layers. A step can't
-be faster than this; `tools/bench_engine.py` reports the real step as a multiple of it, measured in the
-same run, interleaved. The CLI also reports plain `F.linear` (MKL) on the same weights for comparison.
 """
 
 from __future__ import annotations

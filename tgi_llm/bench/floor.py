@@ -4,7 +4,7 @@ A decode step of B sequences multiplies a [B, in] activation by every linear wei
 qkv, o, fused gate/up, down) and then by the LM head. `MatmulFloor` runs exactly those products through the
 model's own `Linear` modules (so the same kernels and weight layout as the real step) on random
 activations, and nothing else: no norms, rope, attention, sampling or Python between layers. A step can't
-be faster than this. `tools/matmul_floor.py` is its CLI; `tools/bench_engine.py` and `tgi-llm-bench`
+be faster than this. `tools/matmul_floor.py` is its CLI; `tools/bench_decode_floor.py` and `tgi-llm-bench`
 report real steps as multiples of it, measured in the same run.
 
 On a shared machine the load changes from minute to minute, so `FloorMeter` samples the floor right before
