@@ -8,7 +8,7 @@ from pathlib import Path
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/<pid>/stat after the command name (which may hold spaces and parentheses)."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        return Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace").rsplit(")", 1)[-1].split()
     except OSError:
         return None
 

@@ -75,8 +75,9 @@ class Launched:
         return self.process.returncode
 
 
-def launch(work_dir: Path, *flags: str) -> Launched:
-    """Start tgi-llm-launcher (this Python, this checkout) with `flags` on free ports."""
+def launch(work_dir: Path, *flags: str, env: dict[str, str] | None = None) -> Launched:
+    """Start tgi-llm-launcher (this Python, this checkout) with `flags` on free ports; `env` is added to (or,
+    where a value is None, removed from) this process's environment."""
     http, grpc, metrics = free_ports(3)
     log_path = work_dir / "launcher.log"
     cmd = [
@@ -86,7 +87,8 @@ def launch(work_dir: Path, *flags: str) -> Launched:
         *flags,
     ]
     root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    env = {k: v for k, v in (dict(os.environ) | (env or {})).items() if v is not None}
+    env["PYTHONPATH"] = os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])
     with open(log_path, "w") as log:
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root)
     return Launched(process, log_path, http, grpc, metrics)

@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.attention.flash import FLASH_BLOCK_SIZE_MULTIPLE, FlashPagedAttention, flash_attn_available
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
@@ -39,6 +40,13 @@ def preferred_block_size(device: str | torch.device, default: int = 16) -> int:
     if torch.device(device).type == "cuda" and flash_attn_available():
         return FLASH_BLOCK_SIZE_MULTIPLE
     return default
+
+
+def prepare_cpu_attention(device: str | torch.device, dtype: torch.dtype) -> None:
+    """Build (or find in the cache) the C attention kernels now, while the model loads, so the first request
+    never waits for a compiler and the log says which path this process uses (see cpu_kernels.py)."""
+    if torch.device(device).type == "cpu" and dtype == torch.float32:
+        cpu_attention_kernels()
 
 
 def select_attention_backend(device: str | torch.device, block_size: int, name: str | None = None) -> AttentionBackend:
@@ -75,5 +83,6 @@ __all__ = [
     "FlashPagedAttention",
     "TorchPagedAttention",
     "preferred_block_size",
+    "prepare_cpu_attention",
     "select_attention_backend",
 ]

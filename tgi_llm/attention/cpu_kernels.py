@@ -1,4 +1,4 @@
-"""Attention for the CPU as two small C kernels, compiled on first use with the system compiler.
+"""Attention for the CPU as two small C kernels, compiled with the system compiler while the model loads.
 
 Decode: the pure-torch path gathers every sequence's K/V blocks into a padded copy for each layer
 (index_select), then runs SDPA over it. That copy moves three times the bytes attention needs, and SDPA's
@@ -9,24 +9,22 @@ AVX-512 path on AMD CPUs; `prefill_attention_f32` (keys transposed into 16-key t
 online softmax, every prompt of the step in one call) is ~2.4x faster. Numbers in docs/PERFORMANCE.md.
 
 Plain C called through ctypes (no torch headers: builds in about a second). It links `libgomp.so.1`,
-which the loader resolves to the copy torch already loaded, so it shares torch's thread pool. The
-shared object is cached under `$TGI_LLM_KERNEL_CACHE` (default `~/.cache/tgi_llm/kernels`), keyed by
-source, flags and CPU. Without a working compiler every caller falls back to the torch path.
+which the loader resolves to the copy torch already loaded, so it shares torch's thread pool. Built and
+cached by `tgi_llm.native_build` (keyed by source, compiler, flags and CPU). The kernels are optional:
+without a working compiler, or if they fail their self-check, every caller uses the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import platform
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
+
+from tgi_llm.native_build import build_library
 
 logger = logging.getLogger(__name__)
 
@@ -335,41 +333,8 @@ void prefill_attention_f32(const float* q, int64_t qs, const float* k, int64_t k
 }
 """
 
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11"]
 #: The decode kernel keeps 16 partial vectors per query head on the stack.
 _MAX_QUERY_HEADS = 256
-
-
-def _cpu_id() -> str:
-    """What -march=native depends on, so a cache shared between machines never runs foreign code."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        keep = [ln for ln in lines if ln.startswith(("model name", "flags", "Features"))]
-        return "\n".join(dict.fromkeys(keep))
-    except OSError:
-        return platform.processor()
-
-
-def _cache_dir() -> Path:
-    env = os.environ.get("TGI_LLM_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tgi_llm" / "kernels"
-
-
-def _build(compiler: str) -> Path:
-    key = hashlib.sha256("\0".join([_SOURCE, compiler, *_FLAGS, _cpu_id()]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_attention_{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        src = Path(tmp) / "cpu_attention.c"
-        src.write_text(_SOURCE)
-        out = Path(tmp) / target.name
-        subprocess.run([compiler, *_FLAGS, str(src), "-o", str(out)], check=True, capture_output=True, text=True,
-                       timeout=300)
-        os.replace(out, target)  # atomic: concurrent builders (TP ranks, test workers) never see half a file
-    logger.info("built the CPU attention kernels: %s", target)
-    return target
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
@@ -459,21 +424,51 @@ _kernels: CpuAttentionKernels | None = None
 _tried = False
 
 
+def _self_check(kernels: CpuAttentionKernels) -> None:
+    """Both kernels on a tiny ragged batch against plain torch: a library that loads but computes wrong
+    (a miscompile, a stale cache) must not serve requests."""
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, dim, block_size, lens = 6, 2, 32, 4, [1, 5, 9]
+    tables = torch.arange(12, dtype=torch.int32).view(3, 4)
+    k_cache, v_cache = (torch.randn(12, block_size, kv_heads, dim, generator=gen) for _ in range(2))
+    q = torch.randn(3, heads, dim, generator=gen)
+    got = kernels.decode(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), max(lens), 0.125)
+    for i, n in enumerate(lens):
+        k = k_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
+        v = v_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
+        want = torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * 0.125).softmax(-1), v)
+        if not torch.allclose(got[i], want, rtol=1e-4, atol=1e-5):
+            raise RuntimeError("paged decode kernel disagrees with torch")
+    qp, kp, vp = (torch.randn(9, h, dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+    out = torch.empty_like(qp)
+    kernels.prefill(qp, kp, vp, out, [(0, 4), (4, 5)], 0.125)
+    for start, n in ((0, 4), (4, 5)):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            qp[start:start + n].transpose(0, 1), kp[start:start + n].transpose(0, 1),
+            vp[start:start + n].transpose(0, 1), is_causal=True, scale=0.125, enable_gqa=True).transpose(0, 1)
+        if not torch.allclose(out[start:start + n], want, rtol=1e-4, atol=1e-5):
+            raise RuntimeError("prefill attention kernel disagrees with torch")
+
+
 def cpu_attention_kernels() -> CpuAttentionKernels | None:
-    """The compiled kernels, or None (logged once) where they can't be built or are switched off with
-    TGI_LLM_CPU_KERNELS=0."""
+    """The compiled kernels, or None where they can't be built, load or pass their self-check, or are
+    switched off with TGI_LLM_CPU_KERNELS=0. Decided once per process (the model loader calls this before
+    the server reports ready) and logged once: any failure here only means the torch path."""
     global _kernels, _tried
     if _tried:
         return _kernels
     with _lock:
         if not _tried:
             if os.environ.get("TGI_LLM_CPU_KERNELS", "1") == "0":
-                logger.info("CPU attention kernels switched off (TGI_LLM_CPU_KERNELS=0)")
+                logger.info("CPU attention: torch path (C kernels switched off by TGI_LLM_CPU_KERNELS=0)")
             else:
                 try:
-                    _kernels = CpuAttentionKernels(_build(os.environ.get("CC", "cc")))
-                except (OSError, subprocess.SubprocessError) as exc:
-                    detail = getattr(exc, "stderr", "") or exc
-                    logger.warning("CPU attention kernels unavailable, using the torch path: %s", detail)
+                    kernels = CpuAttentionKernels(build_library("cpu_attention", _SOURCE))
+                    _self_check(kernels)
+                    _kernels = kernels
+                    logger.info("CPU attention: C kernels (pid %d)", os.getpid())
+                except Exception as exc:  # an optional fast path: whatever went wrong, serve with torch
+                    logger.warning("CPU attention: torch path, the C kernels are unavailable (pid %d): %s",
+                                   os.getpid(), exc)
             _tried = True
     return _kernels

@@ -33,7 +33,7 @@ def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
     ids: set[int] = set()
     path = model_dir / "generation_config.json"
     if path.exists():
-        eos = json.loads(path.read_text()).get("eos_token_id")
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
         ids.update(eos if isinstance(eos, list) else [] if eos is None else [eos])
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)

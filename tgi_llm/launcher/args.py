@@ -128,7 +128,8 @@ def count_cuda_devices(env: Mapping[str, str] | None = None) -> int:
     if visible is not None:
         return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
     try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, encoding="utf-8",
+                                 errors="replace", timeout=30).stdout
     except (OSError, subprocess.SubprocessError):
         return 0
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))

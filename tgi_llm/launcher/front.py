@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def _derived_limits(args: argparse.Namespace, model_dir: Path) -> dict[str, int]
     from tgi_llm.launcher.args import limit_options
 
     try:
-        positions = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings")
+        positions = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
     except (OSError, ValueError):
         positions = None
     limits = resolve_limits(limit_options(args), positions, kv_cache_tokens=2**31)
@@ -78,9 +79,10 @@ class FrontProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def wait_ready(self, url: str, timeout_s: float = 120.0) -> bool:
+    def wait_ready(self, url: str, give_up: Callable[[], bool] = lambda: False, timeout_s: float = 120.0) -> bool:
+        """True once `url` answers 200; False if the front exits, `give_up()` turns true or time runs out."""
         deadline = time.monotonic() + timeout_s
-        while self.alive() and time.monotonic() < deadline:
+        while self.alive() and not give_up() and time.monotonic() < deadline:
             if ServerProcess.is_ready(url):
                 return True
             time.sleep(0.2)

@@ -107,7 +107,13 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
         if args.port:
             front = FrontProcess(front_command(args, model_dir, config, host), args.api_key)
             front.start()
-            if not front.wait_ready(f"http://{host}:{args.port}/health"):
+            # A stop requested meanwhile (SIGTERM) or a dead tritonserver ends the wait: the front's /health
+            # would answer 503 until the timeout.
+            if not front.wait_ready(f"http://{host}:{args.port}/health",
+                                    give_up=lambda: server.stop_requested or server.process.poll() is not None):
+                if server.stop_requested:
+                    front.stop()
+                    return server.wait()
                 server.request_stop()
                 server.wait()
                 front.stop()

@@ -80,7 +80,8 @@ class ServerProcess:
         # Piped (not inherited) so a load failure's reason can be quoted in the launcher's own error.
         self.process = subprocess.Popen(
             self.command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            errors="replace", start_new_session=True,  # a terminal's Ctrl-C reaches only us; we forward it once
+            encoding="utf-8", errors="replace",
+            start_new_session=True,  # a terminal's Ctrl-C reaches only us; we forward it once
             preexec_fn=_die_with_parent,
         )
         self._pump = threading.Thread(target=self._pump_lines, name="tritonserver-log", daemon=True)

@@ -136,6 +136,6 @@ def write_repository(root: Path, parameters: Mapping[str, str] | None = None, na
     """Write root/<name>/config.pbtxt and root/<name>/1/model.py; returns root."""
     model_dir = root / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(render_config(parameters, name))
-    (model_dir / "1" / "model.py").write_text(MODEL_PY)
+    (model_dir / "config.pbtxt").write_text(render_config(parameters, name), encoding="utf-8")
+    (model_dir / "1" / "model.py").write_text(MODEL_PY, encoding="utf-8")
     return root

@@ -98,7 +98,7 @@ class ModelConfig:
 
     @classmethod
     def from_model_dir(cls, model_dir: str | Path) -> ModelConfig:
-        return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text()))
+        return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

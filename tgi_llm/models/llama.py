@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tgi_llm.attention import AttentionBackend, select_attention_backend
+from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
@@ -236,6 +236,7 @@ def load_model(
     model = model.to(device=device, dtype=dtype).eval()
     if model.embed_tokens.device.type == "cpu" and model.pack_for_cpu():
         logger.info("linear weights packed for oneDNN")
+    prepare_cpu_attention(device, dtype)
     logger.info(
         "loaded %s (%s, %d layers, hidden %d) as %s on %s",
         model_dir,

@@ -276,7 +276,7 @@ def _mpiexec_shim() -> Iterator[None]:
     tmp = tempfile.mkdtemp(prefix="tgi-llm-mpiexec-")
     shim = Path(tmp) / "mpiexec"
     shim.write_text(f"#!/bin/sh\nexec {_python()} -S -c 'import os, sys; os.setsid(); "
-                    f"os.execv(sys.argv[1], sys.argv[1:])' {real} \"$@\"\n")
+                    f"os.execv(sys.argv[1], sys.argv[1:])' {real} \"$@\"\n", encoding="utf-8")
     shim.chmod(0o755)
     saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH")}
     os.environ["PATH"] = os.pathsep.join([tmp, saved["PATH"] or ""])

@@ -98,7 +98,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
         config_dict["architectures"] = config_dict.get("architectures") or [
             type(config).__name__.replace("Config", "ForCausalLM")
         ]
-        (tmp_dir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n")
+        (tmp_dir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         # chat_template inside tokenizer_config.json (not chat_template.jinja): older readers expect it there.
         tokenizer.save_pretrained(str(tmp_dir), save_jinja_files=False)
         _portable_tokenizer_config(tmp_dir / "tokenizer_config.json")
@@ -107,7 +107,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
         _phase(4, f"finalizing {out_dir}", t0)
         stat = gguf_path.stat()
         marker = {"gguf": str(gguf_path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-        (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n")
+        (tmp_dir / MARKER_FILE).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         try:
             os.rename(tmp_dir, out_dir)
         except OSError:
@@ -124,12 +124,12 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
 def _portable_tokenizer_config(path: Path) -> None:
     """transformers 5 names its fast tokenizer class `TokenizersBackend`; older readers (and TGI) know
     it as `PreTrainedTokenizerFast`. Also drop load-time flags that leaked into the saved file."""
-    cfg = json.loads(path.read_text())
+    cfg = json.loads(path.read_text(encoding="utf-8"))
     if cfg.get("tokenizer_class") == "TokenizersBackend":
         cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     for key in ("is_local", "local_files_only", "backend"):
         cfg.pop(key, None)
-    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _write_generation_config(out_dir: Path, config: dict, tokenizer) -> None:
@@ -144,4 +144,4 @@ def _write_generation_config(out_dir: Path, config: dict, tokenizer) -> None:
     pad = config.get("pad_token_id")
     if pad is not None:
         gen["pad_token_id"] = pad
-    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n")
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2) + "\n", encoding="utf-8")

@@ -47,7 +47,7 @@ class SafetensorsWeights:
     def _index(model_dir: Path) -> dict[str, str]:
         index = model_dir / INDEX_FILE
         if index.is_file():
-            return dict(json.loads(index.read_text())["weight_map"])
+            return dict(json.loads(index.read_text(encoding="utf-8"))["weight_map"])
         single = model_dir / SINGLE_FILE
         if single.is_file():
             with safe_open(str(single), framework="pt") as f:
