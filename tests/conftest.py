@@ -18,6 +18,14 @@ if str(ROOT) not in sys.path:  # plain `pytest` (not `python -m pytest`) does no
     sys.path.insert(0, str(ROOT))
 
 from tgi_llm.attention.metadata import AttentionMetadata  # noqa: E402
+from tgi_llm.engine.kv_cache_manager import KVCacheManager  # noqa: E402
+from tgi_llm.engine.limits import LimitOptions, resolve_limits  # noqa: E402
+from tgi_llm.engine.runner_protocol import SeqResult  # noqa: E402
+from tgi_llm.engine.scheduler import Scheduler  # noqa: E402
+from tgi_llm.engine.sequence import Sequence  # noqa: E402
+from tgi_llm.engine.step_plan import StepPlan  # noqa: E402
+from tgi_llm.engine.stopping import StopChecker  # noqa: E402
+from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
@@ -156,3 +164,51 @@ def paged_batcher() -> Callable[..., PagedBatcher]:
         return PagedBatcher(block_size, num_blocks, seed)
 
     return make
+
+
+class _SilentDetokenizer:
+    def step(self, token_id: int) -> str:
+        return ""
+
+    def finish(self) -> str:
+        return ""
+
+
+class PlanPlayer:
+    """The engine's scheduler and KV manager without a model: `plan()` gives the StepPlan the engine would
+    run next, `advance(plan)` plays the sampler (request r's next token is `next_token(r)`), ends the
+    sequences that finished and frees their blocks, as the engine does. Tests get real plans (chunks,
+    prefix-cache hits, released ids) without deriving them a second way."""
+
+    def __init__(self, block_size: int = 16, num_blocks: int = 64, step_tokens: int = 4096,
+                 prefix_caching: bool = True, next_token=lambda r: 1000 + r) -> None:
+        total = num_blocks * block_size
+        limits = resolve_limits(LimitOptions(max_input_tokens=total - 1, max_total_tokens=total,
+                                             max_batch_prefill_tokens=min(step_tokens, total), block_size=block_size,
+                                             max_batch_total_tokens=total, prefix_caching=prefix_caching), None, None)
+        self.kv = KVCacheManager(num_blocks, block_size, prefix_caching)
+        self.scheduler = Scheduler(limits, self.kv)
+        self.next_token = next_token
+        self._ids = iter(range(1, 10**9))
+
+    def add(self, prompt: list[int], max_new_tokens: int = 4, **request_kw) -> Sequence:
+        stopping = StoppingParams(max_new_tokens)
+        request = ValidRequest(tuple(prompt), SamplingParams(), stopping, **request_kw)
+        seq = Sequence(next(self._ids), request, lambda _e: None, _SilentDetokenizer(), StopChecker(set(), stopping))
+        self.scheduler.add(seq)
+        return seq
+
+    def plan(self) -> StepPlan:
+        return self.scheduler.schedule()
+
+    def advance(self, plan: StepPlan) -> None:
+        results = [SeqResult(self.next_token(e.request_id)) if e.samples else None for e in plan.seqs]
+        for seq in self.scheduler.update(plan, results):
+            if seq.finish_reason is not None:
+                self.scheduler.finish(seq)
+
+
+@pytest.fixture
+def plan_player() -> Callable[..., PlanPlayer]:
+    """`plan_player(block_size=16, num_blocks=64, step_tokens=4096, prefix_caching=True) -> PlanPlayer`."""
+    return PlanPlayer

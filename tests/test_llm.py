@@ -139,3 +139,56 @@ def test_stream_yields_deltas_and_cancels_when_left_early(tiny_llama_dir):
             time.sleep(0.01)
         stats = llm.engine.stats()
         assert stats.running == 0 and stats.kv_blocks_free == stats.kv_blocks_total
+
+
+SYSTEM = ("You are a meticulous assistant for a public library. Answer briefly and precisely. "
+          "The library opens at nine in the morning and closes at six in the evening on weekdays; on Saturdays "
+          "it closes at one. Members may borrow up to eight books for three weeks, renew twice online, and "
+          "reserve up to four titles. Late returns cost ten cents per day per book, capped at five dollars. "
+          "The reading room on the second floor is silent; group study rooms on the third floor can be booked "
+          "for two hours at a time. Printing costs fifteen cents a page in black and white and fifty in color. "
+          "Children's story time is every Wednesday at four. Wifi is free; the password changes monthly and is "
+          "posted at the front desk. Lost cards are replaced for two dollars. ") * 2
+
+
+def chat_with_system(tokenizer, question: str) -> list[int]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow
+def test_shared_system_prompt_cached_or_not_chunked_or_not_gives_the_reference_tokens(default_model_dir):
+    """Greedy parity with transformers for prompts sharing a ~470-token system prompt, one after another and
+    concurrently, with the prefix cache on and off and prompts chunked at 16, 64 and 100 tokens; a seeded
+    sampled request gives the same tokens in every configuration."""
+    configs = {
+        "cache on": {}, "cache off": {"prefix_caching": False}, "whole prompts": {"prefill_chunking": False},
+        "chunks of 16": {"max_batch_prefill_tokens": 16}, "chunks of 64": {"max_batch_prefill_tokens": 64},
+        "chunks of 100": {"max_batch_prefill_tokens": 100},
+    }
+    seeded = {"max_new_tokens": 12, "do_sample": True, "temperature": 0.8, "top_k": 40, "seed": 77}
+    params = {"max_new_tokens": 12}
+    ref = None
+    samples = {}
+    for name, overrides in configs.items():
+        with LLM(None, kv_cache_memory_gb=0.25, **overrides) as llm:
+            prompts = [chat_with_system(llm.tokenizer, q) for q in QUESTIONS[:3]]
+            if ref is None:
+                ref = reference_greedy(default_model_dir, prompts, params["max_new_tokens"])
+            one_by_one = [llm.generate([p], params)[0] for p in prompts]
+            together = llm.generate(prompts, params)
+            samples[name] = llm.generate([prompts[1]], seeded)[0].token_ids
+            stats = llm.engine.stats()
+        for got, want in zip(one_by_one, ref, strict=True):
+            assert got.token_ids == want, name
+        for got, want in zip(together, ref, strict=True):
+            assert got.token_ids == want, name
+        shared = len(prompts[0]) // 2  # well inside the system prompt
+        cached = [r.final.cached_tokens for r in one_by_one[1:]]
+        if overrides.get("prefix_caching", True):
+            assert all(c >= shared for c in cached), (name, cached)
+        else:
+            assert cached == [0, 0]
+        assert stats.kv_blocks_free == stats.kv_blocks_total
+    assert all(s == samples["cache off"] for s in samples.values()), samples

@@ -55,6 +55,8 @@ class FinalEvent:
     tokens: list[Token] = field(default_factory=list)
     top_tokens: list[list[Token]] = field(default_factory=list)
     prefill: list[PrefillToken] = field(default_factory=list)
+    #: Prompt tokens whose K/V came from the prefix cache (not computed for this request).
+    cached_tokens: int = 0
     queue_time_s: float = 0.0
     inference_time_s: float = 0.0
 

@@ -44,6 +44,9 @@ class ValidRequest:
     return_full_text: bool = False
     #: The prompt as text (None when the caller sent token ids); used for return_full_text.
     input_text: str | None = None
+    #: Part of every prefix-cache key of this request: requests whose K/V differ for the same tokens (a
+    #: LoRA adapter, a cache salt) must never share blocks. Empty: the base model's.
+    cache_key: bytes = b""
     #: Free-form tags the caller wants back in events (e.g. Triton's request id).
     tags: dict = field(default_factory=dict, compare=False)
 

@@ -27,9 +27,9 @@ from tgi_llm.bench.floor import MatmulFloor  # noqa: E402
 def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     """A decode step of `batch` sequences at `context` tokens (forward + greedy sampling, as the engine's
     runner does it) against the matmul floor, interleaved; own KV cache, so the engine's stays untouched."""
+    from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
     from tgi_llm.kv_cache import allocate_kv_cache
     from tgi_llm.request import SamplingParams
-    from tgi_llm.runner.batch_inputs import StepPlan
     from tgi_llm.runner.model_runner import ModelRunner
 
     engine_runner = llm.engine.runner
@@ -41,15 +41,13 @@ def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     pos = context - 1
     rng = random.Random(0)
-    plan = StepPlan(input_ids=[rng.randrange(1000, 20000) for _ in range(batch)], positions=[pos] * batch,
-                    slot_mapping=[t[pos // bs] * bs + pos % bs for t in tables], query_lens=[1] * batch,
-                    seq_lens=[context] * batch, block_tables=tables, logits_indices=list(range(batch)),
-                    prompt_logprob_rows=[])
+    plan = StepPlan([ScheduledSeq(i, pos, [rng.randrange(1000, 20000)], tables[i], samples=True)
+                     for i in range(batch)])
     greedy = [SamplingParams()] * batch
 
     def step() -> float:
         t0 = time.perf_counter()
-        out = runner.sampler(runner.forward_plan(plan), greedy, [None] * batch, None, 0)
+        out = runner.sampler(runner.forward_plan(plan)[1], greedy, [None] * batch, None, 0)
         out.next_token_ids.tolist()
         out.logprobs.tolist()
         return time.perf_counter() - t0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, cpu_attention_kernels
+from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, PrefillSequence, cpu_attention_kernels
 from tgi_llm.kv_cache import gather_kv
 
 kernel = cpu_attention_kernels()
@@ -71,13 +71,18 @@ def test_supports_only_what_it_computes():
 
 
 def causal_reference(q, k, v, scale):
-    """One sequence, float64, query head h reads KV head h // G."""
+    """One sequence, float64, query head h reads KV head h // G; the n queries are the last n of the
+    context's positions."""
     group = q.shape[1] // k.shape[1]
     k, v = k.double().repeat_interleave(group, dim=1), v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
-    n = q.shape[0]
-    scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    n, context = q.shape[0], k.shape[0]
+    scores = scores.masked_fill(torch.ones(n, context, dtype=torch.bool).triu(context - n + 1), float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
+
+
+def fresh(starts, lens, k, v) -> list[PrefillSequence]:
+    return [PrefillSequence(s, n, k[s : s + n], v[s : s + n]) for s, n in zip(starts, lens, strict=True)]
 
 
 @pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 2, 16), (8, 8, 32), (6, 1, 128)])
@@ -90,18 +95,40 @@ def test_prefill_matches_reference(heads, kv_heads, dim):
     q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
     out = torch.full((total, heads, dim), float("nan"))
     starts = [sum(lens[:i]) for i in range(len(lens))]
-    kernel.prefill(q, k, v, out, list(zip(starts, lens, strict=True)), dim**-0.5)
+    kernel.prefill(q, out, fresh(starts, lens, k, v), dim**-0.5)
     for start, n in zip(starts, lens, strict=True):
         rows = slice(start, start + n)
         expected = causal_reference(q[rows], k[rows], v[rows], dim**-0.5)
         torch.testing.assert_close(out[rows], expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(("cached", "new"), [(16, 16), (1, 40), (100, 3), (37, 29), (0, 5)])
+def test_prefill_of_a_chunk_after_cached_tokens_matches_reference(cached, new):
+    gen = torch.Generator().manual_seed(cached * 100 + new)
+    q = torch.randn(new + 2, 9, 64, generator=gen)  # two extra rows the call must leave alone
+    k, v = (torch.randn(cached + new, 3, 64, generator=gen) for _ in range(2))
+    out = torch.full_like(q, float("nan"))
+    kernel.prefill(q, out, [PrefillSequence(1, new, k, v)], 0.125)
+    torch.testing.assert_close(out[1 : 1 + new], causal_reference(q[1 : 1 + new], k, v, 0.125), rtol=1e-5, atol=1e-5)
+    assert out[0].isnan().all() and out[-1].isnan().all()
+
+
+def test_chunks_of_a_prompt_give_the_rows_of_the_whole_prompt():
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(90, h, 64, generator=gen) for h in (9, 3, 3))
+    whole = torch.empty_like(q)
+    kernel.prefill(q, whole, [PrefillSequence(0, 90, k, v)], 0.125)
+    chunked = torch.empty_like(q)
+    for start, end in ((0, 16), (16, 64), (64, 90)):
+        kernel.prefill(q[start:end], chunked[start:end], [PrefillSequence(0, end - start, k[:end], v[:end])], 0.125)
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
+
+
 def test_prefill_of_a_sequence_is_the_same_alone_or_with_others():
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(100, h, 64, generator=gen) for h in (9, 3, 3))
     together = torch.empty(100, 9, 64)
-    kernel.prefill(q, k, v, together, [(0, 30), (30, 70)], 0.125)
+    kernel.prefill(q, together, fresh([0, 30], [30, 70], k, v), 0.125)
     alone = torch.empty(70, 9, 64)
-    kernel.prefill(q[30:], k[30:], v[30:], alone, [(0, 70)], 0.125)
+    kernel.prefill(q[30:], alone, fresh([0], [70], k[30:], v[30:]), 0.125)
     assert torch.equal(alone, together[30:])

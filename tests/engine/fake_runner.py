@@ -6,7 +6,7 @@ import threading
 import time
 
 from tgi_llm.engine.runner_protocol import SeqResult
-from tgi_llm.engine.sequence import Sequence
+from tgi_llm.engine.step_plan import StepPlan
 
 
 class FakeRunner:
@@ -20,29 +20,32 @@ class FakeRunner:
         self.poison = poison
         self.step_delay_s = step_delay_s
         self.batches: list[list[int]] = []  # request ids of every forward, for batching assertions
+        self.plans: list[StepPlan] = []
         self.released: set[int] = set()
         self.lock = threading.Lock()
 
-    def execute(self, batch: list[Sequence]) -> list[SeqResult]:
+    def execute(self, plan: StepPlan) -> list[SeqResult | None]:
         with self.lock:
-            self.batches.append([s.request_id for s in batch])
+            self.batches.append([s.request_id for s in plan.seqs])
+            self.plans.append(plan)
+            self.released.update(plan.released)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
-        if self.poison is not None and any(s.request.input_ids[0] == self.poison for s in batch):
+        if self.poison is not None and any(s.request.input_ids[0] == self.poison for s in plan.seqs):
             raise RuntimeError("poisoned batch")
-        out = []
-        for seq in batch:
-            for s in batch:
-                assert s.allocation is not None and s.allocation.capacity >= len(s.token_ids)
-            script = self.per_prompt.get(seq.request.input_ids[0], self.script)
-            token = script[seq.num_generated % len(script)]
+        out: list[SeqResult | None] = []
+        for entry in plan.seqs:
+            request = entry.request
+            rows = entry.num_tokens - (1 if entry.samples else 0)
+            prompt_lps = [-1.0] * rows if entry.prompt_logprobs else None
+            if not entry.samples:
+                out.append(SeqResult(prompt_logprobs=prompt_lps) if prompt_lps else None)
+                continue
+            script = self.per_prompt.get(request.input_ids[0], self.script)
+            token = script[(entry.end - request.input_length) % len(script)]
             out.append(SeqResult(token_id=token, logprob=-0.5, top_ids=[token], top_logprobs=[-0.5],
-                                 prompt_logprobs=[-1.0] * (seq.input_length - 1)
-                                 if seq.is_prefill and seq.request.decoder_input_details else None))
+                                 prompt_logprobs=prompt_lps))
         return out
-
-    def release(self, request_id: int) -> None:
-        self.released.add(request_id)
 
     def close(self) -> None:
         pass

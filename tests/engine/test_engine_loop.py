@@ -135,9 +135,9 @@ def test_cancel_while_queued(tokenizer, words):
     gate = threading.Event()
 
     class GatedRunner(FakeRunner):
-        def execute(self, batch):
+        def execute(self, plan):
             gate.wait(TIMEOUT)
-            return super().execute(batch)
+            return super().execute(plan)
 
     engine = make_engine(tokenizer, GatedRunner(words), max_batch_size=1)
     try:
@@ -157,9 +157,9 @@ def test_overloaded_past_max_concurrent_requests(tokenizer, words):
     gate = threading.Event()
 
     class GatedRunner(FakeRunner):
-        def execute(self, batch):
+        def execute(self, plan):
             gate.wait(TIMEOUT)
-            return super().execute(batch)
+            return super().execute(plan)
 
     engine = make_engine(tokenizer, GatedRunner(words), max_concurrent_requests=2)
     try:

@@ -23,7 +23,8 @@ def test_small_model_context_bounds_default():
     [
         (LimitOptions(max_input_tokens=2048, max_total_tokens=1024),
          r"`max_input_tokens`\(2048\) must be < `max_total_tokens`\(1024\)"),
-        (LimitOptions(max_input_tokens=1000, max_total_tokens=2000, max_batch_prefill_tokens=500),
+        (LimitOptions(max_input_tokens=1000, max_total_tokens=2000, max_batch_prefill_tokens=500,
+                      prefill_chunking=False),
          r"`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 500 and 1000"),
         (LimitOptions(max_batch_prefill_tokens=9000, max_batch_total_tokens=8000),
          r"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: 9000 and 8000"),
@@ -48,3 +49,12 @@ def test_derived_prefill_budget_shrinks_to_fit_cache():
     lim = resolve_limits(LimitOptions(max_total_tokens=1024), max_position_embeddings=8192, kv_cache_tokens=1040)
     assert lim.max_batch_prefill_tokens <= lim.max_batch_total_tokens
     assert lim.max_batch_prefill_tokens >= lim.max_input_tokens
+
+
+def test_with_chunking_the_step_budget_defaults_to_the_devices():
+    lim = resolve_limits(LimitOptions(), 8192, 100_000, default_step_tokens=512)
+    assert (lim.max_batch_prefill_tokens, lim.max_input_tokens) == (512, 4095)
+    explicit = resolve_limits(LimitOptions(max_batch_prefill_tokens=2048), 8192, 100_000, default_step_tokens=512)
+    assert explicit.max_batch_prefill_tokens == 2048
+    whole = resolve_limits(LimitOptions(prefill_chunking=False), 8192, 100_000, default_step_tokens=512)
+    assert whole.max_batch_prefill_tokens == 4145  # TGI's: the longest prompt must fit one step

@@ -34,12 +34,25 @@ def test_switches_take_an_optional_value():
     assert parse_args(["--json-output", "false"], {}).json_output is False
 
 
+def test_prefix_caching_and_chunking_default_on_and_turn_off_by_flag_or_env():
+    args = parse_args([], {})
+    assert args.prefix_caching is True and args.prefill_chunking is True
+    assert parse_args(["--no-prefix-caching"], {}).prefix_caching is False
+    assert parse_args(["--prefix-caching", "false"], {}).prefix_caching is False
+    off = parse_args([], {"PREFIX_CACHING": "0", "PREFILL_CHUNKING": "false"})
+    assert off.prefix_caching is False and off.prefill_chunking is False
+    assert parse_args(["--prefill-chunking"], {"PREFILL_CHUNKING": "0"}).prefill_chunking is True
+    params = model_parameters(check(["--no-prefix-caching"]), "/m")
+    assert params["prefix_caching"] == "False" and params["prefill_chunking"] == "True"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["--max-input-tokens", "2048", "--max-total-tokens", "1024"],
          "`max_input_tokens`(2048) must be < `max_total_tokens`(1024)"),
-        (["--max-input-tokens", "1000", "--max-total-tokens", "2000", "--max-batch-prefill-tokens", "500"],
+        (["--max-input-tokens", "1000", "--max-total-tokens", "2000", "--max-batch-prefill-tokens", "500",
+          "--no-prefill-chunking"],
          "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 500 and 1000"),
         (["--max-total-tokens", "4096", "--max-batch-total-tokens", "2048", "--max-batch-prefill-tokens", "1000"],
          "`max_total_tokens` must be <= `max_batch_total_tokens`. Given: 4096 and 2048"),

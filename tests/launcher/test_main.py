@@ -25,7 +25,8 @@ def test_rejects_max_input_tokens_not_below_max_total_tokens():
 
 
 def test_rejects_an_environment_combination_too():
-    done = run_launcher(env={"MAX_BATCH_PREFILL_TOKENS": "100", "MAX_INPUT_TOKENS": "200", "MAX_TOTAL_TOKENS": "300"})
+    done = run_launcher(env={"MAX_BATCH_PREFILL_TOKENS": "100", "MAX_INPUT_TOKENS": "200", "MAX_TOTAL_TOKENS": "300",
+                             "PREFILL_CHUNKING": "0"})  # with chunking, the prefill budget is a step's only
     assert done.returncode == 1
     assert "`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: 100 and 200" in done.stderr
 

@@ -1,4 +1,4 @@
-"""Helpers for the tensor-parallel tests: sequences without an engine, and finding shard processes."""
+"""Helpers for the tensor-parallel tests: finding shard processes."""
 
 from __future__ import annotations
 
@@ -6,22 +6,9 @@ import os
 
 import torch
 
-from tgi_llm.engine.block_allocator import BlockAllocator
-from tgi_llm.engine.sequence import Sequence
 from tgi_llm.procfs import cmdline, pid_alive
-from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
 
 torch.set_num_threads(1)  # the shard ranks share the machine's cores with this process
-
-
-def make_seq(request_id: int, prompt: list[int], allocator: BlockAllocator, max_new_tokens: int = 4,
-             decoder_input_details: bool = False) -> Sequence:
-    request = ValidRequest(tuple(prompt), SamplingParams(), StoppingParams(max_new_tokens),
-                           decoder_input_details=decoder_input_details)
-    seq = Sequence(request_id, request, lambda _event: None)
-    seq.allocation = allocator.allocate(len(prompt) + max_new_tokens - 1)
-    assert seq.allocation is not None
-    return seq
 
 
 def _live_shard_processes(parent_pid: int | None) -> list[int]:

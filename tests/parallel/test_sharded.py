@@ -15,17 +15,16 @@ import pytest
 import torch
 
 from tgi_llm import LLM
-from tgi_llm.engine.block_allocator import BlockAllocator
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.events import ErrorEvent, FinalEvent, TokenEvent
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models.llama import load_model
 from tgi_llm.parallel import ShardGroup, launch
 from tgi_llm.procfs import pid_alive
-from tgi_llm.runner.batch_inputs import plan_step
 from tgi_llm.runner.model_runner import ModelRunner
 
-from .conftest import make_seq, shard_pids
+from ..conftest import PlanPlayer
+from .conftest import shard_pids
 
 CPU = torch.device("cpu")
 BLOCK, NUM_BLOCKS = 16, 64
@@ -46,21 +45,25 @@ def wait_for(condition, timeout_s: float = HANG_GUARD_S) -> bool:
 
 
 def prefill_then_decode(forward, prompts: list[list[int]]) -> list[torch.Tensor]:
-    """Logits of a prefill step (every prompt row: decoder_input_details) and of one decode step."""
-    allocator = BlockAllocator(NUM_BLOCKS, BLOCK)
-    batch = [make_seq(i + 1, p, allocator, decoder_input_details=True) for i, p in enumerate(prompts)]
-    out = [forward(batch)]
-    for seq in batch:
-        seq.num_computed = len(seq.token_ids)
-        seq.token_ids.append(seq.token_ids[0])
-    out.append(forward(batch))
-    return out
+    """Logits of the scheduler's plans for `prompts` (every prompt row: decoder_input_details): the prefill
+    step, in chunks of 16 tokens, then a decode step."""
+    player = PlanPlayer(block_size=BLOCK, num_blocks=NUM_BLOCKS, step_tokens=16 * len(prompts),
+                        next_token=lambda r: prompts[r - 1][0])
+    for p in prompts:
+        player.add(p, decoder_input_details=True)
+    out = []
+    while True:
+        plan = player.plan()
+        out.append(forward(plan))
+        player.advance(plan)
+        if all(e.is_decode for e in plan.seqs):
+            return out
 
 
 def unsharded_logits(model_dir, prompts):
     model, config = load_model(model_dir)
     runner = ModelRunner(model, allocate_kv_cache(config, NUM_BLOCKS, BLOCK), BLOCK, config.vocab_size, CPU)
-    return prefill_then_decode(lambda batch: runner.forward_plan(plan_step(batch)), prompts)
+    return prefill_then_decode(lambda plan: runner.forward_plan(plan)[1], prompts)
 
 
 def sharded_logits(model_dir, prompts, num_shard: int):
@@ -69,7 +72,7 @@ def sharded_logits(model_dir, prompts, num_shard: int):
         model, config = load_model(model_dir, shard=group.shard)
         caches = allocate_kv_cache(group.cache_config(config), NUM_BLOCKS, BLOCK)
         runner = group.runner(model, caches, BLOCK, config.vocab_size, CPU)
-        return prefill_then_decode(runner.forward_batch, prompts)
+        return prefill_then_decode(lambda plan: runner.forward_plan(plan)[1], prompts)
     finally:
         group.stop()
 
@@ -269,11 +272,15 @@ def test_three_shards_match_one_on_the_default_model(default_model_dir):
 
 @pytest.mark.slow
 def test_three_shards_give_the_greedy_tokens_of_one_on_the_default_model(default_model_dir):
-    prompts = ["What is the capital of France?", "Write a haiku about the sea."]
+    """Prompts sharing a prefix, one after another: on three shards the second reads the first's cached
+    blocks (the plan hands every rank the same block ids) and still gives one shard's tokens."""
+    shared = "You are a poet who answers every question with a short rhyme about the weather and the sea. " * 3
+    prompts = [shared + "What is the capital of France?", shared + "Write a haiku about the sea."]
     params = {"max_new_tokens": 16}
-    with LLM(None, kv_cache_memory_gb=0.05, max_total_tokens=512) as one:
+    with LLM(None, kv_cache_memory_gb=0.05, max_total_tokens=512, prefix_caching=False) as one:
         want = [r.token_ids for r in one.generate(prompts, params)]
     with LLM(None, num_shard=3, kv_cache_memory_gb=0.05, max_total_tokens=512) as three:
-        got = [r.token_ids for r in three.generate(prompts, params)]
-    assert got == want
+        got = [three.generate([p], params)[0] for p in prompts]
+    assert [r.token_ids for r in got] == want
+    assert got[1].final.cached_tokens >= 48
     assert shard_pids() == []

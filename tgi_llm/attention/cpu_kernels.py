@@ -20,6 +20,7 @@ import ctypes
 import logging
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -207,7 +208,7 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
     }
 }
 
-/* ---- prefill: causal attention of a sequence's new tokens over themselves (flash style) ---- */
+/* ---- prefill: causal attention of a sequence's new tokens over its context (flash style) ---- */
 
 /* Keys of one (sequence, kv head) as [tiles][D][16]: a 16-key tile's d-th components are one vector, so
    q . k for 16 keys is D multiply-adds with no horizontal sums. Zero past L. */
@@ -231,8 +232,9 @@ static void transpose_keys(const float* restrict k, const int64_t ks, const int6
 
 static inline __attribute__((always_inline)) void prefill_tile(
     const float* restrict q, const int64_t qs, const float* restrict kt, const float* restrict v, const int64_t vs,
-    float* restrict out, const int64_t L, const int64_t i0, const int64_t h, const int64_t G, const int64_t Hq,
-    const int64_t D, const float scale) {
+    float* restrict out, const int64_t L, const int64_t off, const int64_t i0, const int64_t h, const int64_t G,
+    const int64_t Hq, const int64_t D, const float scale) {
+    /* L queries at context positions off .. off + L - 1; this tile: queries i0 .. i0 + m - 1 */
     const int64_t C = D / 16, m = L - i0 < 16 ? L - i0 : 16, NQ = m * G;
     const int64_t NQP = (NQ + QK_GROUP - 1) / QK_GROUP * QK_GROUP;
     const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
@@ -250,8 +252,8 @@ static inline __attribute__((always_inline)) void prefill_tile(
         mx[qi] = -INFINITY;
         lsum[qi] = 0.f;
     }
-    for (int64_t j0 = 0; j0 < i0 + m; j0 += 16) {
-        const int64_t nk = i0 + m - j0 < 16 ? i0 + m - j0 : 16;
+    for (int64_t j0 = 0; j0 < off + i0 + m; j0 += 16) {
+        const int64_t nk = off + i0 + m - j0 < 16 ? off + i0 + m - j0 : 16;
         const float* ktile = kt + (j0 / 16) * D * 16;
         for (int64_t g0 = 0; g0 < NQP; g0 += QK_GROUP) {
             v16 s[QK_GROUP];
@@ -262,9 +264,9 @@ static inline __attribute__((always_inline)) void prefill_tile(
             }
             for (int i = 0; i < QK_GROUP && g0 + i < NQ; i++) {
                 const int64_t qi = g0 + i;
-                /* key j0 + t is visible to query row i0 + qi / G when j0 + t <= i0 + qi / G (every tile shows
-                   each row at least its first key, so the running max is finite after the first tile) */
-                const i16v visible = lane + (int32_t)j0 <= (int32_t)(i0 + qi / G);
+                /* key j0 + t is visible to query row i0 + qi / G when j0 + t <= off + i0 + qi / G (key 0 is
+                   visible to every row, so the running max is finite after the first tile) */
+                const i16v visible = lane + (int32_t)j0 <= (int32_t)(off + i0 + qi / G);
                 const v16 sc = vsel(visible, s[i], splat(-INFINITY));
                 const float tmax = hmax(sc), mnew = tmax > mx[qi] ? tmax : mx[qi];
                 const v16 e = vsel(visible, exp16(sc - mnew), (v16){0});
@@ -297,37 +299,41 @@ static inline __attribute__((always_inline)) void prefill_tile(
     }
 }
 
-/* Sequence s owns rows starts[s] .. starts[s] + lens[s] of the flat batch. q/k/v: rows at strides qs/ks/vs
-   (floats), heads of D contiguous; out: [T, Hq, D] contiguous; kt: scratch of T rounded up per sequence to
-   16, times Hkv * D floats (ktoff[s] floats in for sequence s). Work items: (sequence, query tile, kv head),
+/* Sequence s: queries are rows qstart[s] .. qstart[s] + qlen[s] of q (row stride qs) and out ([T, Hq, D]
+   contiguous); its context is klen[s] >= qlen[s] keys and values at kaddr[s] / vaddr[s] (row strides
+   kstride[s] / vstride[s], heads of D contiguous), the queries being the last qlen[s] of them. kt: scratch,
+   klen[s] rounded up to 16 times Hkv * D floats at ktoff[s]. Work items: (sequence, query tile, kv head),
    latest tiles (the most keys) first so the dynamic schedule ends balanced. */
-void prefill_attention_f32(const float* q, int64_t qs, const float* k, int64_t ks, const float* v, int64_t vs,
-                           float* out, float* kt, const int64_t* starts, const int64_t* lens, const int64_t* ktoff,
-                           int64_t S, int64_t Hq, int64_t Hkv, int64_t D, float scale, int nthreads) {
+void prefill_attention_f32(const float* q, int64_t qs, float* out, const int64_t* kaddr, const int64_t* kstride,
+                           const int64_t* vaddr, const int64_t* vstride, float* kt, const int64_t* qstart,
+                           const int64_t* qlen, const int64_t* klen, const int64_t* ktoff, int64_t S, int64_t Hq,
+                           int64_t Hkv, int64_t D, float scale, int nthreads) {
     int64_t items = 0;
-    for (int64_t s = 0; s < S; s++) items += Hkv * ((lens[s] + 15) / 16);
+    for (int64_t s = 0; s < S; s++) items += Hkv * ((qlen[s] + 15) / 16);
 #pragma omp parallel num_threads(nthreads)
     {
 #pragma omp for schedule(dynamic, 1)
         for (int64_t sh = 0; sh < S * Hkv; sh++) {
             const int64_t s = sh / Hkv, h = sh % Hkv;
-            transpose_keys(k + starts[s] * ks, ks, h, D, lens[s], kt + ktoff[s] + h * ((lens[s] + 15) / 16) * 16 * D);
+            transpose_keys((const float*)kaddr[s], kstride[s], h, D, klen[s],
+                           kt + ktoff[s] + h * ((klen[s] + 15) / 16) * 16 * D);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             int64_t rest = it, s = 0;
-            while (rest >= Hkv * ((lens[s] + 15) / 16)) rest -= Hkv * ((lens[s++] + 15) / 16);
-            const int64_t tiles = (lens[s] + 15) / 16;
-            const int64_t tile = tiles - 1 - rest / Hkv, h = rest % Hkv, G = Hq / Hkv;
-            const int64_t row = starts[s];
-            const float *qq = q + row * qs, *vv = v + row * vs, *kk = kt + ktoff[s] + h * tiles * 16 * D;
-            float* oo = out + row * Hq * D;
+            while (rest >= Hkv * ((qlen[s] + 15) / 16)) rest -= Hkv * ((qlen[s++] + 15) / 16);
+            const int64_t tiles = (qlen[s] + 15) / 16, ktiles = (klen[s] + 15) / 16;
+            const int64_t tile = tiles - 1 - rest / Hkv, h = rest % Hkv, G = Hq / Hkv, off = klen[s] - qlen[s];
+            const float *qq = q + qstart[s] * qs, *vv = (const float*)vaddr[s];
+            const float* kk = kt + ktoff[s] + h * ktiles * 16 * D;
+            float* oo = out + qstart[s] * Hq * D;
+            const int64_t vs = vstride[s];
             if (D == 64 && G == 3)
-                prefill_tile(qq, qs, kk, vv, vs, oo, lens[s], tile * 16, h, 3, Hq, 64, scale);
+                prefill_tile(qq, qs, kk, vv, vs, oo, qlen[s], off, tile * 16, h, 3, Hq, 64, scale);
             else if (D == 64)
-                prefill_tile(qq, qs, kk, vv, vs, oo, lens[s], tile * 16, h, G, Hq, 64, scale);
+                prefill_tile(qq, qs, kk, vv, vs, oo, qlen[s], off, tile * 16, h, G, Hq, 64, scale);
             else
-                prefill_tile(qq, qs, kk, vv, vs, oo, lens[s], tile * 16, h, G, Hq, D, scale);
+                prefill_tile(qq, qs, kk, vv, vs, oo, qlen[s], off, tile * 16, h, G, Hq, D, scale);
         }
     }
 }
@@ -350,7 +356,7 @@ class CpuAttentionKernels:
         self._decode.argtypes = [ptr] * 7 + [i64] * 7 + [f32, i32]
         self._decode.restype = None
         self._prefill = lib.prefill_attention_f32
-        self._prefill.argtypes = [ptr, i64, ptr, i64, ptr, i64, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, f32, i32]
+        self._prefill.argtypes = [ptr, i64] + [ptr] * 10 + [i64] * 4 + [f32, i32]
         self._prefill.restype = None
         self._lib = lib
 
@@ -396,27 +402,43 @@ class CpuAttentionKernels:
     def prefill(
         self,
         q: torch.Tensor,  # [T, Hq, D] (rows may be strided)
-        k: torch.Tensor,  # [T, Hkv, D]
-        v: torch.Tensor,
         out: torch.Tensor,  # [T, Hq, D] contiguous; the sequences' rows are written
-        sequences: list[tuple[int, int]],  # (first row, length) of each sequence, nothing cached before
+        sequences: list[PrefillSequence],
         scale: float,
     ) -> None:
-        """Causal attention of each sequence's tokens over themselves, all sequences in one call."""
-        qkv = [x if _rows_ok(x) else x.contiguous() for x in (q, k, v)]
+        """Causal attention of each sequence's new tokens over its whole context, all sequences in one call."""
         assert out.is_contiguous() and out.shape == q.shape
-        (q, k, v), heads, kv_heads, dim = qkv, q.shape[1], k.shape[1], q.shape[2]
-        padded = [-(-n // 16) * 16 for _, n in sequences]  # keys are transposed into 16-key tiles
+        q = q if _rows_ok(q) else q.contiguous()
+        heads, dim = q.shape[1], q.shape[2]
+        kv_heads = sequences[0].keys.shape[1]
+        keys = [s.keys if _rows_ok(s.keys) else s.keys.contiguous() for s in sequences]
+        values = [s.values if _rows_ok(s.values) else s.values.contiguous() for s in sequences]
+        padded = [-(-k.shape[0] // 16) * 16 for k in keys]  # keys are transposed into 16-key tiles
         offsets = [0]
         for n in padded[:-1]:
             offsets.append(offsets[-1] + n * kv_heads * dim)
-        meta = torch.tensor([[s for s, _ in sequences], [n for _, n in sequences], offsets], dtype=torch.int64)
+        meta = torch.tensor([
+            [k.data_ptr() for k in keys], [k.stride(0) for k in keys],
+            [v.data_ptr() for v in values], [v.stride(0) for v in values],
+            [s.first_row for s in sequences], [s.num_queries for s in sequences], [k.shape[0] for k in keys], offsets,
+        ], dtype=torch.int64)
         key_tiles = torch.empty(sum(padded) * kv_heads * dim, dtype=torch.float32)
         self._prefill(
-            q.data_ptr(), q.stride(0), k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), out.data_ptr(),
-            key_tiles.data_ptr(), meta[0].data_ptr(), meta[1].data_ptr(), meta[2].data_ptr(), len(sequences), heads,
-            kv_heads, dim, scale, torch.get_num_threads(),
+            q.data_ptr(), q.stride(0), out.data_ptr(), *(row.data_ptr() for row in meta[:4]), key_tiles.data_ptr(),
+            *(row.data_ptr() for row in meta[4:]), len(sequences), heads, kv_heads, dim, scale,
+            torch.get_num_threads(),
         )
+
+
+@dataclass(frozen=True)
+class PrefillSequence:
+    """One sequence of a prefill call: its queries are rows first_row .. first_row + num_queries of q, and
+    the last num_queries of its context's keys/values ([L, Hkv, D] each, L >= num_queries)."""
+
+    first_row: int
+    num_queries: int
+    keys: torch.Tensor
+    values: torch.Tensor
 
 
 _lock = threading.Lock()
@@ -439,13 +461,16 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
         want = torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * 0.125).softmax(-1), v)
         if not torch.allclose(got[i], want, rtol=1e-4, atol=1e-5):
             raise RuntimeError("paged decode kernel disagrees with torch")
-    qp, kp, vp = (torch.randn(9, h, dim, generator=gen) for h in (heads, kv_heads, kv_heads))
+    qp = torch.randn(9, heads, dim, generator=gen)
+    kp, vp = (torch.randn(13, kv_heads, dim, generator=gen) for _ in range(2))
     out = torch.empty_like(qp)
-    kernels.prefill(qp, kp, vp, out, [(0, 4), (4, 5)], 0.125)
-    for start, n in ((0, 4), (4, 5)):
+    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones
+    kernels.prefill(qp, out, [PrefillSequence(0, 4, kp[:4], vp[:4]), PrefillSequence(4, 5, kp, vp)], 0.125)
+    for start, n, context in ((0, 4, 4), (4, 5, 13)):
+        mask = torch.ones(n, context, dtype=torch.bool).tril(context - n)
         want = torch.nn.functional.scaled_dot_product_attention(
-            qp[start:start + n].transpose(0, 1), kp[start:start + n].transpose(0, 1),
-            vp[start:start + n].transpose(0, 1), is_causal=True, scale=0.125, enable_gqa=True).transpose(0, 1)
+            qp[start:start + n].transpose(0, 1), kp[:context].transpose(0, 1), vp[:context].transpose(0, 1),
+            attn_mask=mask, scale=0.125, enable_gqa=True).transpose(0, 1)
         if not torch.allclose(out[start:start + n], want, rtol=1e-4, atol=1e-5):
             raise RuntimeError("prefill attention kernel disagrees with torch")
 

@@ -1,9 +1,10 @@
 """Paged attention in plain torch: the CPU backend and the reference the others are checked against.
 
-On the CPU (float32), decode sequences (one new token each) and prompts with nothing cached go through
-the C kernels of cpu_kernels.py: decode reads K/V in place through the block tables, and all the step's
-prompts share one call. Elsewhere (or without a compiler): decodes through one batched SDPA call over K/V
-gathered from their block tables and padded to the longest, each prompt through its own SDPA call.
+On the CPU (float32), decode sequences (one new token each) and prompt chunks go through the C kernels
+of cpu_kernels.py: decode reads K/V in place through the block tables, and all the step's prompt chunks
+share one call (a chunk after cached tokens attends over its context gathered from the cache).
+Elsewhere (or without a compiler): decodes through one batched SDPA call over K/V gathered from their
+block tables and padded to the longest, each prompt chunk through its own SDPA call.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+from tgi_llm.attention.cpu_kernels import PrefillSequence, cpu_attention_kernels
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.kv_cache import gather_kv, write_kv_cache
 
@@ -41,14 +42,20 @@ class TorchPagedAttention:
             kernels = None
         decode_seqs: list[int] = []
         decode_tokens: list[int] = []
-        fresh: list[tuple[int, int]] = []  # prompts with nothing cached: one kernel call for all of them
+        prompts: list[PrefillSequence] = []  # prompt chunks: one kernel call for all of them
         start = 0
         for i, (q_len, seq_len) in enumerate(zip(attn.query_lens_cpu, attn.seq_lens_cpu, strict=True)):
             if q_len == 1:
                 decode_seqs.append(i)
                 decode_tokens.append(start)
-            elif q_len > 1 and kernels is not None and seq_len == q_len:
-                fresh.append((start, q_len))
+            elif q_len > 1 and kernels is not None:
+                if seq_len == q_len:  # nothing cached before: the new K/V are the whole context
+                    keys, values = k[start : start + q_len], v[start : start + q_len]
+                else:  # a later chunk, or after a prefix-cache hit: the context is in the cache
+                    blocks = -(-seq_len // k_cache.shape[1])
+                    keys = gather_kv(k_cache, attn.block_tables[i : i + 1], blocks)[0, :seq_len]
+                    values = gather_kv(v_cache, attn.block_tables[i : i + 1], blocks)[0, :seq_len]
+                prompts.append(PrefillSequence(start, q_len, keys, values))
             elif q_len > 1:
                 out[start : start + q_len] = self._prefill(
                     q[start : start + q_len],
@@ -61,8 +68,8 @@ class TorchPagedAttention:
                     scale,
                 )
             start += q_len
-        if fresh:
-            kernels.prefill(q, k, v, out, fresh, scale)
+        if prompts:
+            kernels.prefill(q, out, prompts, scale)
         if decode_seqs:
             seq_idx = torch.tensor(decode_seqs, device=q.device)
             tok_idx = torch.tensor(decode_tokens, device=q.device)

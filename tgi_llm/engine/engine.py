@@ -17,13 +17,16 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
-from tgi_llm.engine.block_allocator import BlockAllocator
+from tgi_llm.engine.detokenizer import IncrementalDetokenizer
+from tgi_llm.engine.kv_cache_manager import KVCacheManager
 from tgi_llm.engine.limits import Limits
 from tgi_llm.engine.postprocess import Postprocessor
 from tgi_llm.engine.runner_protocol import Runner
-from tgi_llm.engine.scheduler import Scheduler, SchedulerOutput
+from tgi_llm.engine.scheduler import Scheduler
 from tgi_llm.engine.sequence import Sequence
 from tgi_llm.engine.stats import EngineStats, StepStats
+from tgi_llm.engine.step_plan import StepPlan
+from tgi_llm.engine.stopping import StopChecker
 from tgi_llm.engine.validation import Validator
 from tgi_llm.errors import CancelledError, GenerationError, OverloadedError, ShutdownError, TgiError
 from tgi_llm.events import ErrorEvent, Event
@@ -50,10 +53,11 @@ class Engine:
         self.limits = limits
         self.model_id = model_id
         self.runner = runner
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.validator = Validator(tokenizer, limits)
-        self.allocator = BlockAllocator(limits.num_blocks, limits.block_size)
-        self.scheduler = Scheduler(limits, self.allocator)
-        self.postprocessor = Postprocessor(tokenizer, eos_token_ids)
+        self.kv = KVCacheManager(limits.num_blocks, limits.block_size, limits.prefix_caching)
+        self.scheduler = Scheduler(limits, self.kv)
+        self.postprocessor = Postprocessor(tokenizer)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._inbox: deque[Sequence] = deque()
@@ -84,7 +88,9 @@ class Engine:
                 raise ShutdownError()
             if len(self._live) >= self.limits.max_concurrent_requests:
                 raise OverloadedError()
-            seq = Sequence(next(self._ids), request, on_event)
+            seq = Sequence(next(self._ids), request, on_event,
+                           IncrementalDetokenizer(self.tokenizer, request.input_ids),
+                           StopChecker(self.eos_token_ids, request.stopping))
             self._live[seq.request_id] = seq
             self._inbox.append(seq)
             self._cond.notify()
@@ -100,9 +106,12 @@ class Engine:
             queue_size=len(self.scheduler.waiting) + len(self._inbox),
             batch_size=self._batch_size,
             batch_max_tokens=self._batch_max_tokens,
-            kv_blocks_total=self.allocator.num_blocks,
-            kv_blocks_free=self.allocator.num_free,
+            kv_blocks_total=self.kv.num_blocks,
+            kv_blocks_free=self.kv.num_free,
+            kv_blocks_cached=self.kv.num_cached_free,
             running=len(self._live),
+            prefix_cache_queried_tokens=self.kv.counters.queried_tokens,
+            prefix_cache_hit_tokens=self.kv.counters.hit_tokens,
         )
 
     def drain_step_stats(self) -> list[StepStats]:
@@ -159,43 +168,39 @@ class Engine:
 
     def step(self) -> None:
         t0 = time.perf_counter()
-        out = self.scheduler.schedule()
+        plan = self.scheduler.schedule()
         self._update_batch_gauges()
-        if out.is_empty:
+        if plan.is_empty:
             return
-        now = time.monotonic()
-        for seq in out.prefill:
-            seq.admitted_at = now
-            self.postprocessor.admit(seq)
-        batch = out.prefill + out.decode
         t1 = time.perf_counter()
         try:
-            results = self.runner.execute(batch)
+            results = self.runner.execute(plan)
         except Exception as exc:  # a failed forward ends the requests in it, nothing else
-            logger.exception("Forward failed for %d sequences", len(batch))
-            for seq in batch:
+            logger.exception("Forward failed for %d sequences", len(plan.seqs))
+            for entry in plan.seqs:
+                seq = self.scheduler.running[entry.request_id]
                 self._end(seq, ErrorEvent(seq.request_id, GenerationError(str(exc) or repr(exc))))
             self._update_batch_gauges()
             return
         t2 = time.perf_counter()
-        for seq, result in zip(batch, results, strict=True):
-            token_event, final = self.postprocessor.process(seq, result)
-            self._emit(seq, token_event)
-            if final is not None:
-                self._end(seq, final)
+        for seq in self.scheduler.update(plan, results):
+            self._emit(seq, self.postprocessor.token_event(seq))
+            if seq.finish_reason is not None:
+                self._end(seq, self.postprocessor.final_event(seq))
         t3 = time.perf_counter()
         self._update_batch_gauges()
-        self._record(out, t1 - t0 + (t3 - t2), t2 - t1)
+        self._record(plan, t1 - t0, t3 - t2, t2 - t1)
 
     def _update_batch_gauges(self) -> None:
         self._batch_size = len(self.scheduler.running)
         self._batch_max_tokens = self.scheduler.batch_max_tokens
 
-    def _record(self, out: SchedulerOutput, bookkeeping_s: float, forward_s: float) -> None:
+    def _record(self, plan: StepPlan, schedule_s: float, update_s: float, forward_s: float) -> None:
+        decodes = sum(1 for s in plan.seqs if s.is_decode)
         self._step_stats.append(StepStats(
-            method="prefill" if out.prefill else "decode", batch_size=len(out.prefill) + len(out.decode),
-            num_tokens=out.num_tokens, num_prefill=len(out.prefill), forward_s=forward_s,
-            bookkeeping_s=bookkeeping_s,
+            method="decode" if decodes == len(plan.seqs) else "prefill", batch_size=len(plan.seqs),
+            num_tokens=plan.num_tokens, num_prefill=len(plan.seqs) - decodes, forward_s=forward_s,
+            bookkeeping_s=schedule_s + update_s, schedule_s=schedule_s,
         ))
 
     def _cancel_now(self, request_id: int) -> None:
@@ -205,9 +210,7 @@ class Engine:
 
     def _end(self, seq: Sequence, event: Event) -> None:
         """The one place a request leaves the engine: blocks freed, state dropped, final event sent."""
-        self.scheduler.finish(seq)
-        self.runner.release(seq.request_id)
-        self.postprocessor.release(seq)
+        self.scheduler.finish(seq)  # blocks back; the runner drops its state with the next plan
         with self._cond:
             self._live.pop(seq.request_id, None)
         self._emit(seq, event)

@@ -11,6 +11,14 @@ logger = logging.getLogger(__name__)
 
 #: TGI caps its default context at 4096 tokens to leave KV memory for more users.
 DEFAULT_MAX_TOTAL_TOKENS = 4096
+#: With chunking, the step budget on a CPU when none is given: a step of this many prompt tokens takes
+#: ~0.3 s on 2 cores (SmolLM2-135M), the longest a running stream then waits for its next token.
+CPU_STEP_TOKENS = 256
+
+
+def default_step_tokens(device_type: str) -> int | None:
+    """The chunked-prefill step budget for a device, when the operator sets none (None: TGI's default)."""
+    return CPU_STEP_TOKENS if device_type == "cpu" else None
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,10 @@ class LimitOptions:
     max_waiting_tokens: int = 20
     max_batch_size: int | None = None
     block_size: int = 16
+    #: Reuse the KV blocks of prompt prefixes seen before (TGI v3's prefix caching; env PREFIX_CACHING).
+    prefix_caching: bool = True
+    #: Split prompts across steps within the step budget (TGI v3's chunking; env PREFILL_CHUNKING).
+    prefill_chunking: bool = True
 
 
 @dataclass(frozen=True)
@@ -47,6 +59,8 @@ class Limits:
     max_waiting_tokens: int
     max_batch_size: int | None
     block_size: int
+    prefix_caching: bool = True
+    prefill_chunking: bool = True
 
     @property
     def num_blocks(self) -> int:
@@ -63,7 +77,8 @@ def check_static_limits(opts: LimitOptions) -> None:
     if mit is not None and mtt is not None and mit >= mtt:
         _fail(f"`max_input_tokens`({mit}) must be < `max_total_tokens`({mtt})")
     prefill, total = opts.max_batch_prefill_tokens, opts.max_batch_total_tokens
-    if mit is not None and prefill is not None and mit > prefill:
+    # With chunking a prompt spans several steps: max_batch_prefill_tokens is the step budget only.
+    if mit is not None and prefill is not None and mit > prefill and not opts.prefill_chunking:
         _fail(f"`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: {prefill} and {mit}")
     if prefill is not None and total is not None and prefill > total:
         _fail(f"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: {prefill} and {total}")
@@ -84,12 +99,15 @@ def check_static_limits(opts: LimitOptions) -> None:
 
 
 def resolve_limits(
-    opts: LimitOptions, max_position_embeddings: int | None, kv_cache_tokens: int | None
+    opts: LimitOptions, max_position_embeddings: int | None, kv_cache_tokens: int | None,
+    default_step_tokens: int | None = None,
 ) -> Limits:
     """Fill the unset limits as TGI does, then check every combination.
 
     `kv_cache_tokens` is how many tokens the KV-cache memory budget holds (TGI's warm-up
     measures this); it becomes `max_batch_total_tokens` when the operator did not set one.
+    `default_step_tokens`: with chunking, the default step budget for the device (a CPU forward of
+    4,000 tokens takes seconds, during which every stream stalls); None: TGI's default.
     """
     check_static_limits(opts)
     max_default = DEFAULT_MAX_TOTAL_TOKENS
@@ -104,6 +122,8 @@ def resolve_limits(
     prefill = opts.max_batch_prefill_tokens
     if prefill is None:
         prefill = mit + 50  # TGI: "a bit of room" above the longest prompt
+        if opts.prefill_chunking and default_step_tokens is not None:
+            prefill = min(prefill, default_step_tokens)
     total = opts.max_batch_total_tokens
     if total is None:
         if kv_cache_tokens is None:

@@ -47,9 +47,16 @@ class EngineOptions:
         return {k: str(v) for k, v in out.items() if v is not None}
 
 
+_TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
 def _parse(key: str, type_name: str, raw: Any) -> Any:
     if not isinstance(raw, str):
         return raw
+    if type_name == "bool":
+        if raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise ValueError(f"`{key}` must be true or false. Given: {raw!r}")
     try:
         if "int" in type_name:
             return int(raw)

@@ -1,62 +1,31 @@
-"""Turns sampled tokens into events: detokenize, check stop criteria, build the final event."""
+"""Events from sequences: the TokenEvent of the token a step just added, the FinalEvent of a finished
+sequence. Reads sequences only; `Scheduler.update` is what advances them."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from tgi_llm.engine.detokenizer import IncrementalDetokenizer
-from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sequence import Sequence
-from tgi_llm.engine.stopping import StopChecker
-from tgi_llm.events import FinalEvent, FinishReason, PrefillToken, Token, TokenEvent
+from tgi_llm.events import FinalEvent, PrefillToken, Token, TokenEvent
 
 
 class Postprocessor:
-    def __init__(self, tokenizer: Any, eos_token_ids: set[int]) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
-        self.eos_token_ids = set(eos_token_ids)
         self.special_ids = set(getattr(tokenizer, "all_special_ids", []))
-        self._detok: dict[int, IncrementalDetokenizer] = {}
-        self._stop: dict[int, StopChecker] = {}
-        self._prefill: dict[int, list[PrefillToken]] = {}
 
-    def admit(self, seq: Sequence) -> None:
-        self._detok[seq.request_id] = IncrementalDetokenizer(self.tokenizer, list(seq.request.input_ids))
-        self._stop[seq.request_id] = StopChecker(self.eos_token_ids, seq.request.stopping)
+    def token_event(self, seq: Sequence) -> TokenEvent:
+        """The token the last step appended to `seq`."""
+        i = seq.num_generated - 1
+        token_id = seq.token_ids[-1]
+        token = Token(token_id, seq.deltas[i], seq.logprobs[i], token_id in self.special_ids)
+        top = self._top(seq.top[i]) if seq.top else []
+        return TokenEvent(seq.request_id, i, token, top, last=seq.finish_reason is not None)
 
-    def release(self, seq: Sequence) -> None:
-        self._detok.pop(seq.request_id, None)
-        self._stop.pop(seq.request_id, None)
-        self._prefill.pop(seq.request_id, None)
-
-    def process(self, seq: Sequence, result: SeqResult) -> tuple[TokenEvent, FinalEvent | None]:
-        """Record one sampled token: its TokenEvent, and the FinalEvent when the sequence ends."""
-        if result.prompt_logprobs is not None:
-            self._prefill[seq.request_id] = self._prefill_tokens(seq, result.prompt_logprobs)
-        seq.num_computed = len(seq.token_ids)
-        seq.token_ids.append(result.token_id)
-        detok = self._detok[seq.request_id]
-        delta = detok.step(result.token_id)
-        seq.text += delta
-        reason = self._stop[seq.request_id].check(result.token_id, delta)
-        if reason is not None:
-            tail = detok.finish()
-            seq.text += tail
-            delta += tail
-        token = Token(result.token_id, delta, result.logprob, result.token_id in self.special_ids)
-        top = [
-            Token(i, self._piece(i), lp, i in self.special_ids)
-            for i, lp in zip(result.top_ids, result.top_logprobs, strict=True)
-        ]
-        seq.tokens.append(token)
-        if seq.request.top_n_tokens:
-            seq.top_tokens.append(top)
-        event = TokenEvent(seq.request_id, seq.num_generated - 1, token, top, last=reason is not None)
-        return event, (None if reason is None else self._final(seq, reason))
-
-    def _final(self, seq: Sequence, reason: FinishReason) -> FinalEvent:
+    def final_event(self, seq: Sequence) -> FinalEvent:
         req = seq.request
+        assert seq.finish_reason is not None
         text = seq.text
         if req.return_full_text:
             prompt = req.input_text
@@ -65,25 +34,30 @@ class Postprocessor:
             text = prompt + text
         now = time.monotonic()
         admitted = seq.admitted_at or now
+        generated = seq.token_ids[seq.input_length:]
         return FinalEvent(
             request_id=seq.request_id,
             generated_text=text,
-            finish_reason=reason,
+            finish_reason=seq.finish_reason,
             generated_tokens=seq.num_generated,
             input_tokens=seq.input_length,
             seed=req.sampling.seed if req.sampling.do_sample else None,
-            token_ids=seq.token_ids[seq.input_length:],
-            tokens=list(seq.tokens),
-            top_tokens=list(seq.top_tokens),
-            prefill=self._prefill.get(seq.request_id, []),
+            token_ids=generated,
+            tokens=[Token(t, d, lp, t in self.special_ids)
+                    for t, d, lp in zip(generated, seq.deltas, seq.logprobs, strict=True)],
+            top_tokens=[self._top(top) for top in seq.top],
+            prefill=self._prefill_tokens(seq) if req.decoder_input_details else [],
+            cached_tokens=seq.num_cached,
             queue_time_s=admitted - seq.queued_at,
             inference_time_s=now - admitted,
         )
 
-    def _prefill_tokens(self, seq: Sequence, logprobs: list[float]) -> list[PrefillToken]:
-        ids = seq.request.input_ids
-        lps: list[float | None] = [None, *logprobs]
-        return [PrefillToken(i, self._piece(i), lp) for i, lp in zip(ids, lps, strict=True)]
+    def _top(self, top: tuple[list[int], list[float]]) -> list[Token]:
+        return [Token(i, self._piece(i), lp, i in self.special_ids) for i, lp in zip(*top, strict=True)]
+
+    def _prefill_tokens(self, seq: Sequence) -> list[PrefillToken]:
+        lps: list[float | None] = [None, *seq.prompt_logprobs]
+        return [PrefillToken(i, self._piece(i), lp) for i, lp in zip(seq.request.input_ids, lps, strict=True)]
 
     def _piece(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

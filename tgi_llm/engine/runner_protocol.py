@@ -3,31 +3,29 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tgi_llm.engine.sequence import Sequence
+if TYPE_CHECKING:
+    from tgi_llm.engine.step_plan import StepPlan
 
 
 @dataclass
 class SeqResult:
-    """The sampled next token of one sequence, with what `details` and `top_n_tokens` ask for."""
+    """One sequence's outcome of a step: the sampled next token (when the step samples it) with what
+    `details` and `top_n_tokens` ask for, and the logprobs of this chunk's prompt tokens when asked."""
 
-    token_id: int
-    logprob: float
+    token_id: int = -1
+    logprob: float = 0.0
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
-    #: Logprobs of prompt tokens 1..n-1 given their prefix (only when decoder_input_details).
+    #: Logprobs of the prompt tokens this chunk's rows predict (decoder_input_details), in order.
     prompt_logprobs: list[float] | None = None
 
 
 class Runner(Protocol):
-    def execute(self, batch: list[Sequence]) -> list[SeqResult]:
-        """One forward over every sequence in `batch`: sequences with num_computed == 0 are
-        prefilled (all their tokens), the others decode their last token."""
-        ...
-
-    def release(self, request_id: int) -> None:
-        """Forget per-request state (sampling generator, penalty counts)."""
+    def execute(self, plan: StepPlan) -> list[SeqResult | None]:
+        """One forward over the plan; one result per `plan.seqs` entry (None where the entry neither
+        samples nor asked for prompt logprobs). Drops the state of `plan.released` requests first."""
         ...
 
     def close(self) -> None: ...

@@ -1,51 +1,49 @@
-"""TGI v3 `next_batch` semantics over a FIFO queue, for a batch that prefill and decode share.
+"""Which sequences compute which tokens in the next forward: `schedule() -> StepPlan`, then
+`update(plan, results)` advances every sequence of the step, in one place.
 
-Each engine step asks `schedule()` which waiting sequences join the running ones. New sequences are
-admitted only when the budgets allow (prefill tokens, total tokens, KV blocks, batch size) and,
-while a batch runs, only when enough are waiting (`waiting_served_ratio`) or the queue has waited
-`max_waiting_tokens` steps. Admitted sequences are prefilled in the same forward as the decodes.
+Requests get every KV block their whole life can fill at admission (TGI v3: no preemption), prompt
+blocks already in the prefix cache reused (kv_cache_manager.py). Two admission policies:
+
+- chunked prefill (default, TGI v3 with chunking): each step has a token budget
+  (`max_batch_prefill_tokens`). Running decodes come first (one token each), then prompts still being
+  prefilled, then waiting requests in FIFO order, each cut to what remains of the budget and continued
+  in the next step. Waiting requests join at every step while the budget, the KV blocks and
+  `max_batch_size` allow (TGI v3 ignores waiting_served_ratio and max_waiting_tokens when chunking).
+- whole prompts (PREFILL_CHUNKING=0): TGI v3's `next_batch`. A prompt is prefilled in one step; while a
+  batch runs, new requests join only when enough are waiting (`waiting_served_ratio`) or the queue has
+  waited `max_waiting_tokens` steps, within the prefill and total token budgets.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence as Seq
 
-from tgi_llm.engine.block_allocator import BlockAllocator
+from tgi_llm.engine.kv_cache_manager import KVCacheManager
 from tgi_llm.engine.limits import Limits
+from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sequence import Sequence, SequenceStatus
+from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class SchedulerOutput:
-    prefill: list[Sequence] = field(default_factory=list)
-    decode: list[Sequence] = field(default_factory=list)
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.prefill and not self.decode
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.input_length for s in self.prefill) + len(self.decode)
-
-
 class Scheduler:
-    def __init__(self, limits: Limits, allocator: BlockAllocator) -> None:
+    def __init__(self, limits: Limits, kv: KVCacheManager) -> None:
         self.limits = limits
-        self.allocator = allocator
+        self.kv = kv
         self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
-        #: Steps since sequences were last admitted (TGI's `waiting_tokens`).
+        self.running: dict[int, Sequence] = {}  # request id -> sequence, in admission order
+        #: Steps since sequences were last admitted (TGI's `waiting_tokens`; whole-prompt policy only).
         self.waiting_steps = 0
+        self._released: list[int] = []
 
     @property
     def batch_max_tokens(self) -> int:
-        return sum(s.max_tokens for s in self.running)
+        return sum(s.max_tokens for s in self.running.values())
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -53,11 +51,45 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def schedule(self) -> SchedulerOutput:
+    # ---- planning ----
+    def schedule(self) -> StepPlan:
+        if self.limits.prefill_chunking:
+            entries = self._schedule_chunked()
+        else:
+            entries = self._schedule_whole()
+        released, self._released = self._released, []
+        return StepPlan(entries, released)
+
+    def _schedule_chunked(self) -> list[ScheduledSeq]:
+        lim = self.limits
+        budget = lim.max_batch_prefill_tokens
+        decodes = [s for s in self.running.values() if s.num_computed >= s.input_length]
+        prefills = [s for s in self.running.values() if s.num_computed < s.input_length]
+        entries = [self._entry(s, 1) for s in decodes]
+        budget -= len(entries)
+        for seq in prefills:
+            if budget <= 0:
+                break
+            n = min(seq.num_pending, budget)
+            entries.append(self._entry(seq, n))
+            budget -= n
+        while self.waiting and budget > 0:
+            if lim.max_batch_size is not None and len(self.running) >= lim.max_batch_size:
+                break
+            seq = self.waiting[0]
+            if not self._admit(seq):
+                logger.debug("not enough free KV blocks for request %d", seq.request_id)
+                break
+            n = min(seq.num_pending, budget)
+            entries.append(self._entry(seq, n))
+            budget -= n
+        return entries
+
+    def _schedule_whole(self) -> list[ScheduledSeq]:
         lim = self.limits
         if not self.running:
-            admitted = self.next_batch(None, lim.max_batch_size, lim.max_batch_prefill_tokens,
-                                       lim.max_batch_total_tokens)
+            admitted = self._next_batch(None, lim.max_batch_size, lim.max_batch_prefill_tokens,
+                                        lim.max_batch_total_tokens)
         else:
             batch_size = len(self.running)
             min_size = None
@@ -65,69 +97,117 @@ class Scheduler:
                 min_size = math.floor(batch_size * lim.waiting_served_ratio)
             max_size = None if lim.max_batch_size is None else max(lim.max_batch_size - batch_size, 0)
             token_budget = max(lim.max_batch_total_tokens - self.batch_max_tokens, 0)
-            admitted = self.next_batch(min_size, max_size, lim.max_batch_prefill_tokens, token_budget)
-        decode = list(self.running)
+            admitted = self._next_batch(min_size, max_size, lim.max_batch_prefill_tokens, token_budget)
+        new = {s.request_id for s in admitted}
+        decodes = [s for s in self.running.values() if s.request_id not in new]
         if admitted:
             self.waiting_steps = 0
-        if decode or admitted:
+        if decodes or admitted:
             self.waiting_steps += 1
-        for seq in admitted:
-            seq.status = SequenceStatus.RUNNING
-            self.running.append(seq)
-        return SchedulerOutput(prefill=admitted, decode=decode)
+        return [self._entry(s, 1) for s in decodes] + [self._entry(s, s.num_pending) for s in admitted]
 
-    def next_batch(
-        self, min_size: int | None, max_size: int | None, prefill_token_budget: int, token_budget: int
-    ) -> list[Sequence]:
-        """Pop sequences from the front of the queue while they fit; all or nothing w.r.t. min_size."""
-        if not self.waiting:
+    def _next_batch(self, min_size: int | None, max_size: int | None, prefill_token_budget: int,
+                    token_budget: int) -> list[Sequence]:
+        """TGI's next_batch: pop sequences from the front of the queue while they fit; all or nothing
+        w.r.t. min_size. Prompt tokens found in the prefix cache do not count against the prefill budget."""
+        if not self.waiting or max_size == 0:
             return []
         if min_size is not None and len(self.waiting) < min_size:
-            return []
-        if max_size == 0:
             return []
         bs = self.limits.block_size
         prefill_token_budget = -(-prefill_token_budget // bs) * bs
         batch: list[Sequence] = []
-        prefill_tokens = decode_tokens = 0
+        total_tokens = 0  # prompts + max_new_tokens: TGI's prefill_tokens + decode_tokens
+        prefill_tokens = 0  # prompt tokens not found in the prefix cache
         while self.waiting:
             seq = self.waiting[0]
-            prefill_tokens += seq.input_length
-            decode_tokens += seq.request.stopping.max_new_tokens
-            if prefill_tokens > prefill_token_budget or prefill_tokens + decode_tokens > token_budget:
-                logger.debug("Over budget: prefill_tokens=%d > %d || %d + %d > %d", prefill_tokens,
-                             prefill_token_budget, prefill_tokens, decode_tokens, token_budget)
+            if total_tokens + seq.max_tokens > token_budget:
+                logger.debug("Over budget: %d + %d > %d tokens", total_tokens, seq.max_tokens, token_budget)
                 break
-            # The last generated token is never fed back, so its K/V needs no slot.
-            allocation = self.allocator.allocate(seq.max_tokens - 1)
-            if allocation is None:
+            if not self._admit(seq):
                 logger.debug("Over budget: not enough free blocks")
                 break
-            self.waiting.popleft()
-            seq.allocation = allocation
+            if prefill_tokens + seq.num_pending > prefill_token_budget:
+                logger.debug("Over budget: prefill_tokens=%d > %d", prefill_tokens + seq.num_pending,
+                             prefill_token_budget)
+                self._unadmit(seq)
+                break
+            total_tokens += seq.max_tokens
+            prefill_tokens += seq.num_pending
             batch.append(seq)
             if max_size is not None and len(batch) == max_size:
                 break
         if min_size is not None and len(batch) < min_size:
             for seq in reversed(batch):
-                self._release(seq)
-                self.waiting.appendleft(seq)
+                self._unadmit(seq)
             return []
         return batch
 
+    def _admit(self, seq: Sequence) -> bool:
+        """Take the head of the queue into the running batch with its KV blocks; False if they don't fit."""
+        # The last generated token is never fed back, so its K/V needs no slot.
+        cached = self.kv.allocate(seq, seq.max_tokens - 1)
+        if cached is None:
+            return False
+        self.waiting.popleft()
+        seq.num_computed = seq.num_cached = cached
+        seq.status = SequenceStatus.RUNNING
+        seq.admitted_at = time.monotonic()
+        self.running[seq.request_id] = seq
+        if seq.cache_lookup and self.kv.enable_prefix_caching:
+            self.kv.counters.queried_tokens += seq.input_length
+            self.kv.counters.hit_tokens += cached
+        return True
+
+    def _unadmit(self, seq: Sequence) -> None:
+        """Undo `_admit` (whole-prompt policy: the batch did not reach its minimum size)."""
+        del self.running[seq.request_id]
+        if seq.cache_lookup and self.kv.enable_prefix_caching:
+            self.kv.counters.queried_tokens -= seq.input_length
+            self.kv.counters.hit_tokens -= seq.num_cached
+        self.kv.free(seq)
+        seq.num_computed = seq.num_cached = 0
+        seq.status = SequenceStatus.WAITING
+        seq.admitted_at = None
+        self.waiting.appendleft(seq)
+
+    def _entry(self, seq: Sequence, n: int) -> ScheduledSeq:
+        start = seq.num_computed
+        end = start + n
+        return ScheduledSeq(
+            request_id=seq.request_id, start=start, token_ids=seq.token_ids[start:end],
+            block_ids=self.kv.block_ids(seq), samples=end == len(seq.token_ids),
+            prompt_logprobs=seq.request.decoder_input_details and start < seq.input_length,
+            request=seq.request,
+        )
+
+    # ---- after the forward ----
+    def update(self, plan: StepPlan, results: Seq[SeqResult | None]) -> list[Sequence]:
+        """Advance every sequence of the step: computed tokens, prompt logprobs, the sampled token (its
+        detokenizing and stop check), newly full blocks into the prefix cache. Returns the sequences that
+        sampled a token this step, in plan order."""
+        sampled = []
+        for entry, result in zip(plan.seqs, results, strict=True):
+            seq = self.running[entry.request_id]
+            seq.num_computed = entry.end
+            if result is not None and result.prompt_logprobs:
+                seq.prompt_logprobs.extend(result.prompt_logprobs)
+            if entry.samples:
+                assert result is not None, f"request {entry.request_id} sampled nothing"
+                seq.append_token(result.token_id, result.logprob, result.top_ids, result.top_logprobs)
+                sampled.append(seq)
+            self.kv.cache_computed(seq)
+        return sampled
+
     def finish(self, seq: Sequence) -> None:
-        """Take a sequence out of the batch or the queue and give its blocks back."""
+        """Take a sequence out of the batch or the queue and give its blocks back (its cached blocks stay
+        reusable)."""
         seq.status = SequenceStatus.FINISHED
-        if seq in self.running:
-            self.running.remove(seq)
+        if self.running.pop(seq.request_id, None) is not None:
+            self._released.append(seq.request_id)
         else:
             try:
                 self.waiting.remove(seq)
             except ValueError:
                 pass
-        self._release(seq)
-
-    def _release(self, seq: Sequence) -> None:
-        if seq.allocation is not None:
-            self.allocator.free(seq.allocation)
-            seq.allocation = None
+        self.kv.free(seq)

@@ -1,4 +1,9 @@
-"""The state of one request from admission to its final event."""
+"""The state of one request from submission to its final event, owned by the engine thread.
+
+The sequence holds its tokens, how many of them have K/V in the cache, its detokenizer and stop state,
+and what it produced (per-token logprobs, text deltas, top tokens, prompt logprobs). `Scheduler.update`
+advances it once per step; the postprocessor only reads it to build events.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from tgi_llm.engine.block_allocator import BlockAllocation
-from tgi_llm.events import Event, Token
+from tgi_llm.engine.detokenizer import IncrementalDetokenizer
+from tgi_llm.engine.stopping import StopChecker
+from tgi_llm.events import Event, FinishReason
 from tgi_llm.request import ValidRequest
 
 
@@ -23,18 +29,24 @@ class Sequence:
     request_id: int
     request: ValidRequest
     on_event: Callable[[Event], None]
+    #: Built by the engine at submission; None only for sequences that never sample (scheduler tests).
+    detokenizer: IncrementalDetokenizer | None = None
+    stop: StopChecker | None = None
     status: SequenceStatus = SequenceStatus.WAITING
-    allocation: BlockAllocation | None = None
     #: Prompt followed by every generated token.
     token_ids: list[int] = field(default_factory=list)
     #: How many of token_ids have their K/V in the cache.
     num_computed: int = 0
-    tokens: list[Token] = field(default_factory=list)
-    top_tokens: list[list[Token]] = field(default_factory=list)
+    #: Prompt tokens whose K/V came from the prefix cache (set at admission).
+    num_cached: int = 0
+    logprobs: list[float] = field(default_factory=list)  # per generated token
+    deltas: list[str] = field(default_factory=list)  # text each generated token added
+    top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # when top_n_tokens
+    prompt_logprobs: list[float] = field(default_factory=list)  # of prompt tokens 1.., decoder_input_details
     text: str = ""
+    finish_reason: FinishReason | None = None
     queued_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
-    cancelled: bool = False
 
     def __post_init__(self) -> None:
         if not self.token_ids:
@@ -54,5 +66,32 @@ class Sequence:
         return self.request.input_length + self.request.stopping.max_new_tokens
 
     @property
-    def is_prefill(self) -> bool:
-        return self.num_computed == 0
+    def num_pending(self) -> int:
+        """Known tokens whose K/V are not computed yet: the rest of the prompt, or the last sampled token."""
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def cache_lookup(self) -> bool:
+        """Prompt logprobs need every prompt row computed: such requests skip the prefix cache."""
+        return not self.request.decoder_input_details
+
+    @property
+    def cache_key(self) -> bytes:
+        return self.request.cache_key
+
+    def append_token(self, token_id: int, logprob: float, top_ids: list[int], top_logprobs: list[float]) -> str:
+        """Record one sampled token: detokenize, check the stop criteria (sets `finish_reason`). Returns the
+        text it adds, with any held-back text flushed when it ends the sequence."""
+        assert self.detokenizer is not None and self.stop is not None, "a sampling sequence needs its detokenizer"
+        delta = self.detokenizer.step(token_id)
+        reason = self.stop.check(token_id, delta)
+        if reason is not None:
+            delta += self.detokenizer.finish()
+            self.finish_reason = reason
+        self.token_ids.append(token_id)
+        self.logprobs.append(logprob)
+        self.deltas.append(delta)
+        self.text += delta
+        if self.request.top_n_tokens:
+            self.top.append((top_ids, top_logprobs))
+        return delta

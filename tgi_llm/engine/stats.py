@@ -11,8 +11,11 @@ class EngineStats:
     batch_size: int
     batch_max_tokens: int
     kv_blocks_total: int
-    kv_blocks_free: int
+    kv_blocks_free: int  # what an allocation can take: nothing held, cached or not
     running: int  # requests between submit and their final event
+    kv_blocks_cached: int = 0  # of the free ones, those holding reusable prefix-cache entries
+    prefix_cache_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (a counter)
+    prefix_cache_hit_tokens: int = 0  # of those, found cached (a counter)
 
     @property
     def kv_blocks_used(self) -> int:
@@ -21,9 +24,10 @@ class EngineStats:
 
 @dataclass(frozen=True)
 class StepStats:
-    method: str  # "prefill" when the step admitted sequences, else "decode" (TGI's metric label)
+    method: str  # "prefill" when the step computes prompt tokens, else "decode" (TGI's metric label)
     batch_size: int
     num_tokens: int
-    num_prefill: int
+    num_prefill: int  # sequences computing prompt tokens (whole prompts or chunks)
     forward_s: float
-    bookkeeping_s: float  # scheduling + postprocessing on the engine thread
+    bookkeeping_s: float  # scheduling (prefix-cache lookups included) + updating sequences, engine thread
+    schedule_s: float = 0.0  # of which scheduling

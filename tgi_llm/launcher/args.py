@@ -41,6 +41,7 @@ class Flag:
     env: str | None = ""  # "" = NAME in upper case; None = no environment variable
     choices: Sequence[str] | None = None
     switch: bool = False  # a bare `--flag` means true (TGI's boolean flags)
+    negatable: bool = False  # `--no-flag` means false
 
     @property
     def env_name(self) -> str | None:
@@ -68,6 +69,11 @@ FLAGS: list[Flag] = [
     Flag("max_batch_total_tokens", int, None, "KV-cache size in tokens (default: from --kv-cache-memory-gb)"),
     Flag("max_waiting_tokens", int, 20),
     Flag("max_batch_size", int, None),
+    Flag("prefix_caching", switch=True, default=True, negatable=True,
+         help="Reuse the KV cache of prompt prefixes seen before (TGI v3); --no-prefix-caching turns it off"),
+    Flag("prefill_chunking", switch=True, default=True, negatable=True,
+         help="Split long prompts across steps within --max-batch-prefill-tokens, so running streams never "
+              "stall for a whole prompt (TGI v3); --no-prefill-chunking prefills each prompt in one step"),
     Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: 2 GiB on CPU, 80%% of free memory on CUDA)"),
     Flag("huggingface_hub_cache", help="Where hub downloads go"),
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
@@ -101,6 +107,9 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
         if flag.switch:
             # `--json-output` alone means true; `--json-output false` is accepted too.
             parser.add_argument(option, nargs="?", const=True, type=_bool, default=default, help=help_text)
+            if flag.negatable:
+                parser.add_argument("--no-" + option[2:], dest=flag.name, action="store_const", const=False,
+                                    help=argparse.SUPPRESS)
         else:
             parser.add_argument(option, type=flag.type, default=default, choices=flag.choices, help=help_text)
     return parser

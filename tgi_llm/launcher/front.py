@@ -46,14 +46,16 @@ def front_command(args: argparse.Namespace, model_dir: Path, config: ServerConfi
 def _derived_limits(args: argparse.Namespace, model_dir: Path) -> dict[str, int]:
     """The per-request limits the model will derive (TGI's defaults), so /info can report them.
     max_batch_total_tokens depends on the KV-cache memory and is reported only when given."""
-    from tgi_llm.engine.limits import resolve_limits
+    from tgi_llm.engine.limits import default_step_tokens, resolve_limits
     from tgi_llm.launcher.args import limit_options
+    from tgi_llm.launcher.tritonserver import has_gpu
 
     try:
         positions = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
     except (OSError, ValueError):
         positions = None
-    limits = resolve_limits(limit_options(args), positions, kv_cache_tokens=2**31)
+    limits = resolve_limits(limit_options(args), positions, kv_cache_tokens=2**31,
+                            default_step_tokens=default_step_tokens("cuda" if has_gpu() else "cpu"))
     return {"max_input_tokens": limits.max_input_tokens, "max_total_tokens": limits.max_total_tokens,
             "max_batch_prefill_tokens": limits.max_batch_prefill_tokens}
 

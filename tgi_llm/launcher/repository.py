@@ -81,6 +81,8 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "max_waiting_tokens": "20",
     "max_batch_size": "",
     "block_size": "16",
+    "prefix_caching": "true",
+    "prefill_chunking": "true",
     "json_output": "false",
     "cancellation_poll_ms": "100",
 }

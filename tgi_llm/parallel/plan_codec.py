@@ -1,15 +1,15 @@
-"""The step plan as rank 0 sends it to the shards: only what changed since the last step, as int32s.
+"""The StepPlan as rank 0 sends it to the shards: only what changed since the last step, as int32s.
 
 Both sides keep the same mirror of every live request (its KV blocks and how many of its tokens are
-cached). A request the mirror already knows costs three ints for a decode step (id, packed counts, the
-new token) plus any newly allocated block ids; a new (or preempted and restarted) request is sent
-whole. Slots, positions, sequence lengths and logits rows are derived, never sent, so the shard
-rebuilds exactly the `StepPlan` that `plan_step` builds on rank 0 (tests check the two match).
+cached). A request the mirror already knows costs two ints per step plus the tokens it feeds (one for a
+decode) and any newly allocated block ids; a request new to the mirror is sent whole (start position
+and block table: prefix-cache hits arrive as blocks it did not compute). The shard decodes the very
+StepPlan rank 0 built (tests check decode(encode(plan)) == plan), then both flatten it the same way.
 
 Layout: [n_released, n_seqs, released ids..., records...]. Record of a known request:
-[id, meta, tokens..., new blocks...] with meta = flags | new_blocks << 2 | n_tokens << 8.
-Record of a new one (FULL flag): [id, meta, start, n_blocks, tokens..., blocks...].
-Ids are request ids modulo 2^31 (two live requests 2^31 ids apart cannot happen).
+[id, meta, tokens..., new blocks...]; of a new one (FULL flag): [id, meta, start, n_blocks, tokens...,
+blocks...]. meta = flags | new_blocks << 3 | n_tokens << 9. Ids are request ids modulo 2^31 (two live
+requests 2^31 ids apart cannot happen).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tgi_llm.engine.sequence import Sequence
-from tgi_llm.runner.batch_inputs import StepPlan
+from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
 
 FULL = 1  # record carries the whole block table and the start position
-PROMPT_LOGPROBS = 2  # the sequence wants logits for every prompt token
+PROMPT_LOGPROBS = 2  # the chunk's prompt rows' logits are wanted
+SAMPLES = 4  # the step samples this sequence's next token
 _ID_MASK = 0x7FFFFFFF
-_MAX_DELTA_BLOCKS = 63  # what fits in meta's bits 2..7; more new blocks at once go as FULL
+_MAX_DELTA_BLOCKS = 63  # what fits in meta's bits 3..8; more new blocks at once go as FULL
 
 
 @dataclass
@@ -36,94 +36,72 @@ class _Mirror:
 
 @dataclass
 class PlanEncoder:
-    """Rank 0's half: encode a batch against the mirror; `commit` once the message went out."""
+    """Rank 0's half: encode a plan against the mirror; `commit` once the message went out."""
 
     mirrors: dict[int, _Mirror] = field(default_factory=dict)
-    _released: list[int] = field(default_factory=list)
     _pending: list[tuple[int, _Mirror]] = field(default_factory=list)
+    _pending_released: list[int] = field(default_factory=list)
 
-    def release(self, request_id: int) -> None:
-        key = request_id & _ID_MASK
-        if self.mirrors.pop(key, None) is not None:
-            self._released.append(key)
-
-    def encode(self, batch: list[Sequence]) -> torch.Tensor:
-        out = [len(self._released), len(batch), *self._released]
+    def encode(self, plan: StepPlan) -> torch.Tensor:
+        released = [rid & _ID_MASK for rid in plan.released]
+        out = [len(released), len(plan.seqs), *released]
         self._pending = []
-        for seq in batch:
-            assert seq.allocation is not None, f"request {seq.request_id} runs without KV blocks"
-            key = seq.request_id & _ID_MASK
-            start, end = seq.num_computed, len(seq.token_ids)
-            blocks = seq.allocation.blocks
-            flags = PROMPT_LOGPROBS if start == 0 and seq.request.decoder_input_details and end > 1 else 0
-            tokens = seq.token_ids[start:end]
-            known = self.mirrors.get(key)
-            if (known is not None and known.num_tokens == start and len(blocks) - len(known.blocks)
-                    <= _MAX_DELTA_BLOCKS and blocks[: len(known.blocks)] == known.blocks):
+        self._pending_released = released
+        for entry in plan.seqs:
+            key = entry.request_id & _ID_MASK
+            blocks = entry.block_ids
+            flags = (PROMPT_LOGPROBS if entry.prompt_logprobs else 0) | (SAMPLES if entry.samples else 0)
+            n = len(entry.token_ids)
+            known = self.mirrors.get(key) if key not in released else None
+            if (known is not None and known.num_tokens == entry.start
+                    and len(blocks) - len(known.blocks) <= _MAX_DELTA_BLOCKS
+                    and blocks[: len(known.blocks)] == known.blocks):
                 new = blocks[len(known.blocks):]
-                out += [key, flags | len(new) << 2 | len(tokens) << 8, *tokens, *new]
+                out += [key, flags | len(new) << 3 | n << 9, *entry.token_ids, *new]
             else:
-                out += [key, flags | FULL | len(tokens) << 8, start, len(blocks), *tokens, *blocks]
-            self._pending.append((key, _Mirror(list(blocks), end)))
+                out += [key, flags | FULL | n << 9, entry.start, len(blocks), *entry.token_ids, *blocks]
+            self._pending.append((key, _Mirror(list(blocks), entry.end)))
         return torch.tensor(out, dtype=torch.int32)
 
     def commit(self) -> None:
         """The message was sent: the shards' mirrors now hold what this one will."""
+        for key in self._pending_released:
+            self.mirrors.pop(key, None)
         self.mirrors.update(self._pending)
         self._pending = []
-        self._released = []
+        self._pending_released = []
 
 
 @dataclass
 class PlanDecoder:
     """A shard's half: apply a message to the mirror and rebuild rank 0's StepPlan."""
 
-    block_size: int
     mirrors: dict[int, _Mirror] = field(default_factory=dict)
 
     def decode(self, message: Iterable[int]) -> StepPlan:
         m = message.tolist() if isinstance(message, torch.Tensor) else list(message)
         n_released, n_seqs = m[0], m[1]
-        for key in m[2: 2 + n_released]:
+        released = m[2: 2 + n_released]
+        for key in released:
             self.mirrors.pop(key, None)
         i = 2 + n_released
-        bs = self.block_size
-        plan = StepPlan([], [], [], [], [], [], [], [])
-        last_rows: list[int] = []
-        prompt_rows: list[tuple[int, int, int]] = []
-        for s in range(n_seqs):
+        seqs = []
+        for _ in range(n_seqs):
             key, meta = m[i], m[i + 1]
-            n_tokens = meta >> 8
+            n_tokens = meta >> 9
             if meta & FULL:
                 start, n_blocks = m[i + 2], m[i + 3]
                 i += 4
                 tokens = m[i: i + n_tokens]
-                blocks = m[i + n_tokens: i + n_tokens + n_blocks]
-                mirror = self.mirrors[key] = _Mirror(blocks, start)
+                mirror = self.mirrors[key] = _Mirror(m[i + n_tokens: i + n_tokens + n_blocks], start)
             else:
-                n_blocks = (meta >> 2) & _MAX_DELTA_BLOCKS
+                n_blocks = (meta >> 3) & _MAX_DELTA_BLOCKS
                 i += 2
                 tokens = m[i: i + n_tokens]
                 mirror = self.mirrors[key]
                 mirror.blocks.extend(m[i + n_tokens: i + n_tokens + n_blocks])
             i += n_tokens + n_blocks
-            start, end = mirror.num_tokens, mirror.num_tokens + n_tokens
-            row0 = len(plan.input_ids)
-            plan.input_ids.extend(tokens)
-            plan.positions.extend(range(start, end))
-            table = mirror.blocks
-            plan.slot_mapping.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            plan.query_lens.append(n_tokens)
-            plan.seq_lens.append(end)
-            plan.block_tables.append(list(table))
-            last_rows.append(len(plan.input_ids) - 1)
-            if meta & PROMPT_LOGPROBS:
-                prompt_rows.append((s, row0, end - 1))
-            mirror.num_tokens = end
-        # Same row order as plan_step: last tokens first, then every prompt-logprob row.
-        offset = len(last_rows)
-        plan.logits_indices = last_rows + [r for _, row0, n in prompt_rows for r in range(row0, row0 + n)]
-        for s, _, n in prompt_rows:
-            plan.prompt_logprob_rows.append((s, offset, n))
-            offset += n
-        return plan
+            seqs.append(ScheduledSeq(key, mirror.num_tokens, tokens, list(mirror.blocks), bool(meta & SAMPLES),
+                                     bool(meta & PROMPT_LOGPROBS)))
+            mirror.num_tokens += n_tokens
+        return StepPlan(seqs, released)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from tgi_llm.engine.runner_protocol import SeqResult
-from tgi_llm.engine.sequence import Sequence
+from tgi_llm.engine.step_plan import StepPlan
 from tgi_llm.kv_cache import KVCache
 from tgi_llm.parallel.comm import STEP
 from tgi_llm.parallel.launch import ShardGroup
 from tgi_llm.parallel.plan_codec import PlanEncoder
-from tgi_llm.runner.batch_inputs import StepPlan, plan_step
+from tgi_llm.runner.batch_inputs import BatchInputs
 from tgi_llm.runner.model_runner import ModelRunner
 
 
@@ -29,33 +28,19 @@ class ShardedModelRunner(ModelRunner):
         super().__init__(model, kv_caches, block_size, vocab_size, device)
         self.group = group
         self.encoder = PlanEncoder()
-        self._message: torch.Tensor | None = None
         group.connect(num_blocks=kv_caches[0][0].shape[0], block_size=block_size)
 
-    def execute(self, batch: list[Sequence]) -> list[SeqResult]:
+    def forward_plan(self, plan: StepPlan) -> tuple[BatchInputs, torch.Tensor]:
+        """Send the plan to the shards, then run this rank's part of the forward with them."""
         if self.group.failure is not None:
             raise ShardFailure(self.group.failure)
-        self._message = self.encoder.encode(batch)
-        return super().execute(batch)
-
-    def forward_batch(self, batch: list[Sequence]) -> torch.Tensor:
-        """The logits of `batch`'s plan rows, without sampling (what tests compare with one shard)."""
-        self._message = self.encoder.encode(batch)
-        return self.forward_plan(plan_step(batch))
-
-    def forward_plan(self, plan: StepPlan) -> torch.Tensor:
-        assert self._message is not None, "forward_plan runs inside execute on rank 0"
-        message, self._message = self._message, None
+        message = self.encoder.encode(plan)
         try:
             self.group.channel.send(STEP, message)
             self.encoder.commit()
             return super().forward_plan(plan)
         except Exception as exc:  # once one rank fails mid-step the ranks' collectives are out of step
             raise ShardFailure(self.group.fail(f"sharded forward failed: {exc}")) from exc
-
-    def release(self, request_id: int) -> None:
-        super().release(request_id)
-        self.encoder.release(request_id)
 
     def close(self) -> None:
         super().close()

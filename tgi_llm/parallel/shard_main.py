@@ -107,7 +107,7 @@ def serve(rank: int, setup: ShardSetup) -> int:
     caches = allocate_kv_cache(local_config(config, setup.world_size), num_blocks, block_size,
                                getattr(torch, setup.dtype), device)
     runner = ModelRunner(model, caches, block_size, config.vocab_size, device)
-    decoder = PlanDecoder(block_size)
+    decoder = PlanDecoder()
     logger.info("ready: %d KV blocks of %d tokens on %s", num_blocks, block_size, device)
     while True:
         op, payload = channel.recv()

@@ -1,6 +1,6 @@
-"""The model server half of a step: one forward over the flat batch, then per-request sampling.
+"""The model server half of a step: one forward over the plan's flat batch, then per-request sampling.
 
-`forward_plan` is all a shard rank runs; sampling and per-request state live only here, on rank 0.
+`forward_plan` is all a shard rank runs; sampling and the per-request records live only here, on rank 0.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import platform
 import torch
 
 from tgi_llm.engine.runner_protocol import SeqResult
-from tgi_llm.engine.sampling import PenaltyState, Sampler, make_generator, samples, uses_penalty
-from tgi_llm.engine.sequence import Sequence
+from tgi_llm.engine.sampling import Sampler
+from tgi_llm.engine.step_plan import StepPlan
 from tgi_llm.kv_cache import KVCache
-from tgi_llm.runner.batch_inputs import StepPlan, plan_step, to_metadata
+from tgi_llm.runner.batch_inputs import BatchInputs, flatten, to_metadata
+from tgi_llm.runner.request_state import RequestStates
 
 logger = logging.getLogger(__name__)
 
@@ -45,68 +46,68 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
-        self.penalties = PenaltyState(vocab_size, device)
-        self.generators: dict[int, torch.Generator] = {}
+        self.states = RequestStates(vocab_size, device)
         if device.type == "cpu" and keep_freed_memory_in_heap():
             logger.info("glibc malloc: large blocks kept in the heap (no page faults per forward)")
 
-    def forward_plan(self, plan: StepPlan) -> torch.Tensor:
-        """Logits [len(plan.logits_indices), V] (float32) for the rows the plan asks for."""
+    def forward_plan(self, plan: StepPlan) -> tuple[BatchInputs, torch.Tensor]:
+        """The forward every rank runs: the flat batch, and logits [len(logits_indices), V] (float32)."""
+        batch = flatten(plan, self.block_size)
         dev = self.device
-        attn = to_metadata(plan, self.block_size, dev)
-        input_ids = torch.tensor(plan.input_ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(plan.positions, dtype=torch.long, device=dev)
+        attn = to_metadata(batch, self.block_size, dev)
+        input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)
         hidden = self.model(input_ids, positions, self.kv_caches, attn)
-        rows = torch.tensor(plan.logits_indices, dtype=torch.long, device=dev)
-        return self.model.compute_logits(hidden.index_select(0, rows))
+        if not batch.logits_indices:  # only prompt chunks that sample nothing: no LM head (on every rank)
+            return batch, hidden.new_empty((0, 0), dtype=torch.float32)
+        rows = torch.tensor(batch.logits_indices, dtype=torch.long, device=dev)
+        return batch, self.model.compute_logits(hidden.index_select(0, rows))
 
-    def execute(self, batch: list[Sequence]) -> list[SeqResult]:
-        for seq in batch:
-            if seq.is_prefill:
-                self._admit(seq)
-        plan = plan_step(batch)
-        logits = self.forward_plan(plan)
-        keys = [seq.request_id for seq in batch]
-        params = [seq.request.sampling for seq in batch]
-        top_n = max(seq.request.top_n_tokens for seq in batch)
-        out = self.sampler(
-            logits[: len(batch)], params, [self.generators.get(k) for k in keys],
-            self.penalties.counts(keys) if len(self.penalties) else None, top_n,
-        )
-        self.penalties.record(keys, out.next_token_ids)
-        prompt_lps = {i: self._prompt_logprobs(logits[off:off + n], batch[i]) for i, off, n in
-                      plan.prompt_logprob_rows}
+    def execute(self, plan: StepPlan) -> list[SeqResult | None]:
+        for request_id in plan.released:
+            self.states.release(request_id)
+        batch, logits = self.forward_plan(plan)
+        results: list[SeqResult | None] = [None] * len(plan.seqs)
+        if batch.sample_seqs:
+            self._sample(plan, batch.sample_seqs, logits[: len(batch.sample_seqs)], results)
+        for i, offset, rows in batch.prompt_logprob_rows:
+            entry = plan.seqs[i]
+            targets = entry.request.input_ids[entry.start + 1 : entry.start + 1 + rows]
+            lps = _logprobs_of(logits[offset : offset + rows], targets)
+            if results[i] is None:
+                results[i] = SeqResult(prompt_logprobs=lps)
+            else:
+                results[i].prompt_logprobs = lps
+        return results
+
+    def _sample(self, plan: StepPlan, seq_indices: list[int], logits: torch.Tensor,
+                results: list[SeqResult | None]) -> None:
+        entries = [plan.seqs[i] for i in seq_indices]
+        keys = [e.request_id for e in entries]
+        states = [self.states.get(e.request_id, e.request) for e in entries]
+        params = [s.request.sampling for s in states]
+        top_n = max(s.request.top_n_tokens for s in states)
+        penalties = self.states.penalties
+        out = self.sampler(logits, params, [s.generator for s in states],
+                           penalties.counts(keys) if len(penalties) else None, top_n)
+        penalties.record(keys, out.next_token_ids)
         # One host transfer for the whole batch.
         ids = out.next_token_ids.tolist()
         lps = out.logprobs.tolist()
         top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
-        results = []
-        for i, seq in enumerate(batch):
-            n = seq.request.top_n_tokens
-            results.append(SeqResult(
-                token_id=ids[i], logprob=lps[i],
-                top_ids=top_ids[i][:n] if top_ids and n else [],
-                top_logprobs=top_lps[i][:n] if top_lps and n else [],
-                prompt_logprobs=prompt_lps.get(i),
-            ))
-        return results
-
-    def _admit(self, seq: Sequence) -> None:
-        p = seq.request.sampling
-        if samples(p):
-            self.generators[seq.request_id] = make_generator(p.seed, self.device)
-        if uses_penalty(p) and seq.request_id not in self.penalties:
-            self.penalties.add(seq.request_id, seq.request.input_ids)
-
-    @staticmethod
-    def _prompt_logprobs(logits: torch.Tensor, seq: Sequence) -> list[float]:
-        targets = torch.tensor(seq.request.input_ids[1:], dtype=torch.long, device=logits.device)
-        return torch.log_softmax(logits, dim=-1).gather(1, targets[:, None]).squeeze(1).tolist()
-
-    def release(self, request_id: int) -> None:
-        self.generators.pop(request_id, None)
-        self.penalties.remove(request_id)
+        for j, (i, state) in enumerate(zip(seq_indices, states, strict=True)):
+            n = state.request.top_n_tokens
+            results[i] = SeqResult(
+                token_id=ids[j], logprob=lps[j],
+                top_ids=top_ids[j][:n] if top_ids and n else [],
+                top_logprobs=top_lps[j][:n] if top_lps and n else [],
+            )
 
     def close(self) -> None:
         self.kv_caches = []
+
+
+def _logprobs_of(logits: torch.Tensor, targets: tuple[int, ...]) -> list[float]:
+    index = torch.tensor(targets, dtype=torch.long, device=logits.device)
+    return torch.log_softmax(logits, dim=-1).gather(1, index[:, None]).squeeze(1).tolist()
