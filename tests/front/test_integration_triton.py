@@ -215,3 +215,13 @@ def test_seed_round_trips_and_repeats(stack: Stack) -> None:
     assert runs[0].generated_text == runs[1].generated_text
     info = httpx.get(stack.front + "/info").json()
     assert info["max_input_tokens"] == 511 and info["max_total_tokens"] == 512
+
+
+def test_openai_usage_reports_the_prompt_tokens_served_from_the_prefix_cache(stack: Stack) -> None:
+    system = {"role": "system", "content": "You answer in one word. " * 20}
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    replies = [client.chat.completions.create(model="SmolLM2", max_tokens=4, temperature=0,
+                                              messages=[system, {"role": "user", "content": q}])
+               for q in ("Name a color.", "Name a fruit.")]
+    assert replies[1].usage.prompt_tokens_details.cached_tokens >= 96
+    assert replies[1].usage.prompt_tokens_details.cached_tokens < replies[1].usage.prompt_tokens

@@ -96,7 +96,7 @@ def launch(work_dir: Path, *flags: str, env: dict[str, str] | None = None) -> La
 
 # ---- metrics ----
 
-_LINE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$")
+_LINE = re.compile(r"^([\w:]+)(?:\{(.*)\})? (\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -125,6 +125,7 @@ class Reply:
     finals: list[bool] = field(default_factory=list)
     finish_reason: str | None = None
     num_output_tokens: int | None = None
+    num_cached_tokens: int | None = None
     error: Any = None  # tritonclient InferenceServerException
 
     @property
@@ -179,6 +180,7 @@ def grpc_generate(server: Launched, prompt: str, stream: bool = True, parameters
             if reason is not None:
                 reply.finish_reason = reason.reshape(-1)[0].decode()
                 reply.num_output_tokens = int(result.as_numpy("num_output_tokens").reshape(-1)[0])
+                reply.num_cached_tokens = int(result.as_numpy("num_cached_tokens").reshape(-1)[0])
             if on_response is not None and on_response(reply):
                 client.stop_stream(cancel_requests=True)
                 return reply

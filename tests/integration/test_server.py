@@ -210,3 +210,23 @@ def test_metrics_count_the_traffic_sent(server):
     assert metric(snap, "tgi_queue_size") == 0
     for name in ("tgi_batch_current_size", "tgi_batch_current_max_tokens"):
         assert (name, frozenset()) in snap
+
+
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(server, reference):
+    prompt = "Summarize the following: " + "the quick brown fox jumps over the lazy dog. " * 12
+    before = read_metrics(server)
+    first = grpc_generate(server, prompt, max_tokens=8)
+    second = grpc_generate(server, prompt, max_tokens=8)
+    assert first.error is None and second.error is None
+    assert first.text == second.text == reference(prompt, 8)
+    assert second.num_cached_tokens >= 96 and second.num_cached_tokens % 16 == 0
+
+    def gained(name: str, snapshot: dict) -> float:
+        return metric(snapshot, name) - metric(before, name)
+
+    hits = second.num_cached_tokens + first.num_cached_tokens  # the metrics follow within a poll interval
+    assert wait_until(lambda: gained("vllm:prefix_cache_hits", read_metrics(server)) >= hits, 10)
+    after = read_metrics(server)
+    assert gained("vllm:prefix_cache_queries", after) > gained("vllm:prefix_cache_hits", after)
+    assert 0 <= metric(after, "vllm:kv_cache_usage_perc") <= 1
+    assert wait_until(lambda: kv_settled(server))

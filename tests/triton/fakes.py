@@ -93,7 +93,7 @@ class FakeFamilies:
         self.families: dict[str, FakeFamily] = {}
 
     def __call__(self, name: str, description: str, kind: str) -> FakeFamily:
-        assert name.startswith("tgi_") and description
+        assert name.startswith(("tgi_", "vllm:")) and description
         self.families[name] = FakeFamily(name, kind)
         return self.families[name]
 

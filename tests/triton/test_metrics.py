@@ -57,6 +57,19 @@ def test_gauges_are_written_only_when_they_change():
     assert f.metric("tgi_queue_size").calls == 1
 
 
+def test_prefix_cache_counters_advance_by_what_the_engine_counted_and_vllm_gauges_follow():
+    metrics, f = make()
+    base = dict(queue_size=4, batch_size=2, batch_max_tokens=40, kv_blocks_total=10, kv_blocks_free=6, running=6,
+                kv_blocks_cached=3)
+    metrics.engine_stats(EngineStats(**base, prefix_cache_queried_tokens=100, prefix_cache_hit_tokens=64))
+    metrics.engine_stats(EngineStats(**base, prefix_cache_queried_tokens=100, prefix_cache_hit_tokens=64))
+    metrics.engine_stats(EngineStats(**base, prefix_cache_queried_tokens=130, prefix_cache_hit_tokens=80))
+    assert f.value("vllm:prefix_cache_queries") == 130 and f.value("vllm:prefix_cache_hits") == 80
+    assert f.value("tgi_kv_blocks_cached") == 3
+    assert f.value("vllm:num_requests_waiting") == 4 and f.value("vllm:num_requests_running") == 2
+    assert f.value("vllm:kv_cache_usage_perc") == 0.4
+
+
 def test_steps_by_method():
     metrics, f = make()
     metrics.steps([StepStats("prefill", 2, 10, 2, 0.1, 0.01), StepStats("decode", 2, 2, 0, 0.02, 0.01),

@@ -18,6 +18,7 @@ class Generation:
     finish_reason: str | None = None
     input_tokens: int = 0
     generated_tokens: int = 0
+    cached_tokens: int = 0
     seed: int | None = None
     done: bool = False
 
@@ -32,6 +33,7 @@ class Generation:
             self.generated_tokens = (
                 chunk.generated_tokens if chunk.generated_tokens is not None else len(self.tokens)
             )
+            self.cached_tokens = chunk.cached_tokens or 0
             self.seed = chunk.seed
             self.prefill = list(chunk.prefill) or self.prefill
 

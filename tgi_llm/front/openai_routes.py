@@ -30,6 +30,7 @@ from tgi_llm.front.schemas import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     SamplingRequest,
     TopLogprob,
     Usage,
@@ -44,8 +45,9 @@ def _check_common(req: SamplingRequest) -> None:
         raise validation(f"`n` must be 1. Given: {req.n}")
 
 
-def _usage(prompt: int, completion: int) -> Usage:
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+def _usage(prompt: int, completion: int, cached: int = 0) -> Usage:
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def _logprobs(tokens: list[TokenInfo], tops: list[list[TokenInfo]]) -> ChatLogprobs:
@@ -107,7 +109,7 @@ def build_router(state: FrontState) -> APIRouter:
                     finish_reason=openai_finish_reason(gen.finish_reason) or "length",
                 )
             ],
-            usage=_usage(gen.input_tokens, gen.generated_tokens),
+            usage=_usage(gen.input_tokens, gen.generated_tokens, gen.cached_tokens),
         )
         return JSONResponse(body.model_dump())
 
@@ -136,7 +138,7 @@ def build_router(state: FrontState) -> APIRouter:
                 if chunk.final:
                     opts = req.stream_options
                     if opts is not None and opts.include_usage:
-                        usage = _usage(chunk.input_tokens or 0, chunk.generated_tokens or 0)
+                        usage = _usage(chunk.input_tokens or 0, chunk.generated_tokens or 0, chunk.cached_tokens or 0)
                         yield event(ChatCompletionChunk(**stamp.fields, choices=[], usage=usage).model_dump())
                     yield DONE
                     return
@@ -179,7 +181,8 @@ def build_router(state: FrontState) -> APIRouter:
                 )
                 for i, g in enumerate(gens)
             ],
-            usage=_usage(sum(g.input_tokens for g in gens), sum(g.generated_tokens for g in gens)),
+            usage=_usage(sum(g.input_tokens for g in gens), sum(g.generated_tokens for g in gens),
+                         sum(g.cached_tokens for g in gens)),
         )
         return JSONResponse(body.model_dump())
 
@@ -187,7 +190,7 @@ def build_router(state: FrontState) -> APIRouter:
         req: CompletionRequest, prompts: list[str], stamp: _Stamp, first: tuple[int, Chunk],
         rest: AsyncIterator[tuple[int, Chunk]],
     ) -> AsyncIterator[bytes]:
-        usage = [0, 0]
+        usage = [0, 0, 0]
         echoed: set[int] = set()
         try:
             item: tuple[int, Chunk] | None = first
@@ -204,6 +207,7 @@ def build_router(state: FrontState) -> APIRouter:
                 if chunk.final:
                     usage[0] += chunk.input_tokens or 0
                     usage[1] += chunk.generated_tokens or 0
+                    usage[2] += chunk.cached_tokens or 0
                 item = await anext(rest, None)
             opts = req.stream_options
             if opts is not None and opts.include_usage:

@@ -36,6 +36,7 @@ class Chunk:
     finish_reason: str | None = None  # TGI's: length, eos_token, stop_sequence
     input_tokens: int | None = None
     generated_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     seed: int | None = None
     prefill: list[TokenInfo] = field(default_factory=list)
 

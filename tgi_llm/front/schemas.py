@@ -74,6 +74,8 @@ class Details(BaseModel):
     finish_reason: str
     generated_tokens: int
     seed: int | None
+    #: Prompt tokens served from the prefix cache (not in TGI's schema; clients ignore unknown keys).
+    cached_tokens: int = 0
     prefill: list[PrefillToken] = Field(default_factory=list)
     tokens: list[Token] = Field(default_factory=list)
     top_tokens: list[list[Token]] | None = None  # TGI leaves it out when empty
@@ -98,6 +100,7 @@ class StreamDetails(BaseModel):
     generated_tokens: int
     seed: int | None
     input_length: int
+    cached_tokens: int = 0
 
 
 class StreamResponse(BaseModel):
@@ -205,10 +208,15 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class TopLogprob(BaseModel):

@@ -47,6 +47,7 @@ def generate_response(req: GenerateRequest, gen: Generation) -> GenerateResponse
             finish_reason=gen.finish_reason or "length",
             generated_tokens=gen.generated_tokens,
             seed=gen.seed,
+            cached_tokens=gen.cached_tokens,
             prefill=[PrefillToken(id=t.id, text=t.text, logprob=t.logprob) for t in gen.prefill]
             if p.decoder_input_details
             else [],

@@ -56,6 +56,7 @@ class _Events:
                 generated_tokens=final.generated_tokens if final.generated_tokens is not None else self.index,
                 seed=final.seed,
                 input_length=final.input_tokens or 0,
+                cached_tokens=final.cached_tokens or 0,
             )
         return response
 

@@ -16,6 +16,7 @@ from tgi_llm.front.errors import FrontError
 from tgi_llm.front.protocol import Chunk, GenerateSpec, TokenInfo
 from tgi_llm.triton.outputs import (  # the names the model's responses use
     FINISH_REASON,
+    NUM_CACHED,
     NUM_INPUT,
     NUM_OUTPUT,
     PREFILL_IDS,
@@ -157,6 +158,7 @@ def decode_response(result: InferResult, final: bool) -> Chunk:
     final = final or bool(reason)
     n_in = _scalar(result, NUM_INPUT)
     n_out = _scalar(result, NUM_OUTPUT)
+    n_cached = _scalar(result, NUM_CACHED)
     seed = _scalar(result, SEED)
     return Chunk(
         text=_text(text) if text is not None else "",
@@ -166,6 +168,7 @@ def decode_response(result: InferResult, final: bool) -> Chunk:
         finish_reason=reason or None,
         input_tokens=int(n_in) if n_in is not None else None,
         generated_tokens=int(n_out) if n_out is not None else None,
+        cached_tokens=int(n_cached) if n_cached is not None else None,
         seed=int(seed) if seed is not None and final else None,
         prefill=_tokens(result, PREFILL_IDS, PREFILL_TEXTS, PREFILL_LOGPROBS, None) if final else [],
     )
@@ -181,6 +184,7 @@ def merge_final(first: Chunk, second: Chunk) -> Chunk:
         finish_reason=second.finish_reason or first.finish_reason,
         input_tokens=second.input_tokens if second.input_tokens is not None else first.input_tokens,
         generated_tokens=second.generated_tokens if second.generated_tokens is not None else first.generated_tokens,
+        cached_tokens=second.cached_tokens if second.cached_tokens is not None else first.cached_tokens,
         seed=second.seed if second.seed is not None else first.seed,
         prefill=second.prefill or first.prefill,
     )

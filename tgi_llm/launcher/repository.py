@@ -48,6 +48,7 @@ OUTPUTS: list[tuple[str, str, list[int]]] = [
     ("finish_reason", "TYPE_STRING", [-1]),
     ("num_input_tokens", "TYPE_UINT32", [-1]),
     ("num_output_tokens", "TYPE_UINT32", [-1]),
+    ("num_cached_tokens", "TYPE_UINT32", [-1]),
     ("seed", "TYPE_UINT64", [-1]),
     ("token_ids", "TYPE_INT64", [-1]),
     ("token_texts", "TYPE_STRING", [-1]),

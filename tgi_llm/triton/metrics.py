@@ -27,6 +27,9 @@ _COUNTERS = {
     "tgi_request_failure": "Requests that ended with an error, by error type",
     "tgi_batch_inference_count": "Forward passes run, by method (prefill or decode)",
     "tgi_batch_inference_success": "Forward passes that succeeded, by method",
+    # vLLM's names (TGI has none): what inference gateways and dashboards already read.
+    "vllm:prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
+    "vllm:prefix_cache_hits": "Prompt tokens found in the prefix cache (their K/V was not computed again)",
 }
 _GAUGES = {
     "tgi_queue_size": "Requests waiting to be admitted into the batch",
@@ -34,7 +37,12 @@ _GAUGES = {
     "tgi_batch_current_max_tokens": "Tokens the running batch may use at most (prompts + max new tokens)",
     "tgi_kv_blocks_total": "KV-cache blocks in the pool",
     "tgi_kv_blocks_used": "KV-cache blocks held by requests",
-    "tgi_kv_blocks_free": "KV-cache blocks free",
+    "tgi_kv_blocks_free": "KV-cache blocks free (including cached ones no request holds)",
+    "tgi_kv_blocks_cached": "Free KV-cache blocks that hold reusable prefix-cache entries",
+    # vLLM's names, read by Kubernetes' Gateway API Inference Extension to route between servers.
+    "vllm:num_requests_waiting": "Requests waiting to be admitted into the batch",
+    "vllm:num_requests_running": "Requests in the running batch",
+    "vllm:kv_cache_usage_perc": "Fraction of KV-cache blocks held by requests (0 to 1)",
 }
 _HISTOGRAMS = {
     "tgi_request_duration": "Seconds from request received to its final response",
@@ -64,6 +72,7 @@ class TgiMetrics:
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._gauge_values: dict[str, float] = {}
+        self._counter_totals: dict[str, int] = {}
 
     def _metric(self, name: str, **labels: str) -> Any:
         key = (name, tuple(sorted(labels.items())))
@@ -101,6 +110,12 @@ class TgiMetrics:
         self._gauge("tgi_kv_blocks_total", stats.kv_blocks_total)
         self._gauge("tgi_kv_blocks_used", stats.kv_blocks_used)
         self._gauge("tgi_kv_blocks_free", stats.kv_blocks_free)
+        self._gauge("tgi_kv_blocks_cached", stats.kv_blocks_cached)
+        self._gauge("vllm:num_requests_waiting", stats.queue_size)
+        self._gauge("vllm:num_requests_running", stats.batch_size)
+        self._gauge("vllm:kv_cache_usage_perc", stats.kv_blocks_used / max(stats.kv_blocks_total, 1))
+        self._advance("vllm:prefix_cache_queries", stats.prefix_cache_queried_tokens)
+        self._advance("vllm:prefix_cache_hits", stats.prefix_cache_hit_tokens)
 
     def steps(self, steps: Iterable[StepStats]) -> None:
         counts: dict[str, int] = {}
@@ -110,6 +125,13 @@ class TgiMetrics:
         for method, n in counts.items():
             self._metric("tgi_batch_inference_count", method=method).increment(float(n))
             self._metric("tgi_batch_inference_success", method=method).increment(float(n))
+
+    def _advance(self, name: str, total: int) -> None:
+        """A counter the engine keeps as a running total: add what it gained since the last reading."""
+        delta = total - self._counter_totals.get(name, 0)
+        if delta > 0:
+            self._metric(name).increment(float(delta))
+            self._counter_totals[name] = total
 
     def _gauge(self, name: str, value: float) -> None:
         if self._gauge_values.get(name) != value:
