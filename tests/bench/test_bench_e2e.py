@@ -66,3 +66,20 @@ def test_http_generate_stream_run(tiny_llama_dir, tmp_path):
     assert run["output_tokens"] == data["workload"]["output_tokens"]
     assert run["token_count_mismatches"] == 0
     assert "| triton-http | 2 |" in md
+
+
+def test_multi_turn_with_the_prefix_cache_on_and_off(tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    code = main(["--launch", "--model-id", str(tiny_llama_dir), "--workload", "multi-turn", "--conversations", "2",
+                 "--turns", "2", "--system-tokens", "120", "--question-tokens", "10", "--answer-tokens", "4",
+                 "--concurrency", "2", "--compare-off", "prefix-caching", "--max-batch-total-tokens", "4096",
+                 "--no-progress", "--out-dir", str(out)])
+    assert code == 0
+    data, md = load(out)
+    on, off = data["runs"]
+    assert on["completed"] == off["completed"] == 4 and on["length_mismatches"] == 0
+    assert on["server_counters"]["vllm:prefix_cache_hits"] >= 2 * 112  # turn 2 of each: the system prompt
+    assert off["server_counters"]["vllm:prefix_cache_queries"] == 0
+    assert "## TTFT by turn" in md and "cache off / on" in md
+    for mode in ("on", "off"):
+        assert "tritonserver stopped" in (out / f"launcher-prefix-caching-{mode}.log").read_text()

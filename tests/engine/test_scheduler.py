@@ -384,3 +384,20 @@ def test_prefix_caching_off_never_reuses():
         s.finish(seq)
     assert s.kv.num_cached_free == 0
     free_all(s)
+
+
+def test_paced_steps_take_fewer_prompt_tokens_while_streams_decode_but_always_a_block():
+    s = chunked(max_batch_prefill_tokens=256, prefill_step_target_ms=100)
+    s.pacer.seconds_per_token = 0.002  # measured: 50 tokens fit 100 ms
+    a = make_seq(10, 50)
+    s.add(a)
+    run(s, s.schedule())  # a decodes from now on
+    long = make_seq(200, 4)
+    s.add(long)
+    (decode, chunk) = s.schedule().seqs
+    assert decode.num_tokens == 1 and chunk.num_tokens == 49  # 50 - the decode
+    s.pacer.seconds_per_token = 1.0  # a very slow machine: prompts still move a block per step
+    run(s, s.schedule())
+    plan = s.schedule()
+    assert plan.seqs[-1].num_tokens == 16
+    free_all(s)

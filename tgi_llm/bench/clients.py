@@ -122,6 +122,7 @@ class GrpcStreamClient:
             response = result.get_response()
             if any(o.name == "text_output" for o in response.outputs):
                 record.token_times.append(now)
+                record.text += result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
             if response.parameters["triton_final_response"].bool_param:
                 record.reported_output_tokens = _first_int(result.as_numpy("num_output_tokens"))
                 record.reported_input_tokens = _first_int(result.as_numpy("num_input_tokens"))
@@ -199,6 +200,7 @@ class HttpStreamClient:
                     return
                 if "text_output" in event:
                     record.token_times.append(now)
+                    record.text += event["text_output"]
                 if "finish_reason" in event:
                     record.reported_output_tokens = _first_int(event.get("num_output_tokens"))
                     record.reported_input_tokens = _first_int(event.get("num_input_tokens"))
@@ -235,6 +237,7 @@ class EngineClient:
             now = time.perf_counter()
             if isinstance(event, TokenEvent):
                 record.token_times.append(now)
+                record.text += event.token.text
                 return
             if isinstance(event, FinalEvent):
                 record.reported_output_tokens = event.generated_tokens

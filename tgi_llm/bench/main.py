@@ -56,13 +56,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--launch-timeout-s", type=float, default=900.0)
 
     w = ap.add_argument_group("workload")
-    w.add_argument("--workload", choices=("fixed", "mixed"), default="mixed")
+    w.add_argument("--workload", choices=("fixed", "mixed", "multi-turn"), default="mixed",
+                   help="multi-turn (chat conversations sharing a system prompt) needs --compare-off")
     w.add_argument("--num-requests", type=int, default=64)
     w.add_argument("--input-len", type=int, default=256, help="fixed workload")
     w.add_argument("--output-len", type=int, default=128, help="fixed workload")
     w.add_argument("--input-range", type=int, nargs=2, default=(64, 512), metavar=("MIN", "MAX"), help="mixed")
     w.add_argument("--output-range", type=int, nargs=2, default=(32, 256), metavar=("MIN", "MAX"), help="mixed")
     w.add_argument("--seed", type=int, default=0)
+    w.add_argument("--conversations", type=int, default=16, help="multi-turn: conversations")
+    w.add_argument("--turns", type=int, default=5, help="multi-turn: turns per conversation")
+    w.add_argument("--system-tokens", type=int, default=500, help="multi-turn: the shared system prompt")
+    w.add_argument("--question-tokens", type=int, default=40, help="multi-turn: each user message")
+    w.add_argument("--answer-tokens", type=int, default=64, help="multi-turn: tokens generated per turn")
     w.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests stop at EOS (output lengths then differ between systems)")
 
@@ -82,6 +88,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     base.add_argument("--skip", nargs="*", choices=SKIPPABLE, default=[], help="baselines to leave out")
     base.add_argument("--floor-reps", type=int, default=20)
 
+    ap.add_argument("--compare-off", choices=("prefix-caching", "prefill-chunking"), default=None,
+                    help="run the workload on two launched servers, the feature on and off, and compare "
+                         "(needs --launch; no sweep, in-process engine or transformers baselines)")
     ap.add_argument("--out-dir", type=Path, default=Path("bench-results/bench"))
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     return ap.parse_args(argv)
@@ -268,6 +277,8 @@ def run(args: argparse.Namespace) -> BenchResults:
 
     model_dir = resolve_model_dir(args.model_id)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if args.compare_off or args.workload == "multi-turn":
+        return _run_modes(args, model_dir, tokenizer)
     spec = _workload_spec(args)
     requests = build_workload(tokenizer, spec)
     ins, outs = [r.input_len for r in requests], [r.output_len for r in requests]
@@ -319,6 +330,46 @@ def run(args: argparse.Namespace) -> BenchResults:
     from tgi_llm.bench.targets import compare
 
     results.comparisons = compare(results, target.system, args.static_batch_size if "static" not in args.skip else None)
+    return results
+
+
+def _run_modes(args: argparse.Namespace, model_dir: Path, tokenizer: Any) -> BenchResults:
+    from tgi_llm.bench.conversations import ConversationSpec, build_conversations, run_conversations
+    from tgi_llm.bench.modes import compare_modes, run_modes
+
+    if not (args.launch and args.compare_off):
+        raise SystemExit("tgi-llm-bench: --compare-off needs --launch, and --workload multi-turn needs --compare-off")
+    if args.workload == "multi-turn":
+        spec = ConversationSpec(args.conversations, args.turns, args.system_tokens, args.question_tokens,
+                                args.answer_tokens, args.seed)
+        conversations = build_conversations(tokenizer, spec)
+        workload = {"kind": "multi-turn", "num_requests": spec.num_requests, "conversations": spec.conversations,
+                    "turns": spec.turns, "system_tokens": spec.system_tokens,
+                    "question_tokens": spec.question_tokens, "answer_tokens": spec.answer_tokens, "seed": spec.seed,
+                    "ignore_eos": args.ignore_eos}
+
+        def run_workload(client: Any, desc: str) -> Any:
+            return run_conversations(client, tokenizer, conversations, spec, args.concurrency, args.timeout_s,
+                                     args.progress, desc)
+    else:
+        spec = _workload_spec(args)
+        requests = build_workload(tokenizer, spec)
+        ins, outs = [r.input_len for r in requests], [r.output_len for r in requests]
+        workload = {"kind": spec.kind, "num_requests": spec.num_requests, "input_len": list(spec.input_len),
+                    "output_len": list(spec.output_len), "seed": spec.seed, "ignore_eos": args.ignore_eos,
+                    "input_mean": sum(ins) / len(ins), "output_mean": sum(outs) / len(outs)}
+        load = LoadSpec(args.concurrency, args.request_rate, args.seed, args.timeout_s)
+
+        def run_workload(client: Any, desc: str) -> Any:
+            return run_load(client, requests, load, args.progress, desc)
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": _machine(),
+            "load_before": _load(), "revision": _revision(), "model": str(model_dir),
+            "command": shlex.join(["tgi-llm-bench", *sys.argv[1:]]) if args.command is None else args.command,
+            "compare_off": args.compare_off, "limits": _limit_kwargs(args), "request_rate": args.request_rate}
+    results = BenchResults(meta, workload, args.concurrency)
+    run_modes(args, _launcher_flags(args, model_dir), workload, results, run_workload)
+    meta["load_after"] = _load()
+    results.comparisons = compare_modes(results)
     return results
 
 

@@ -17,6 +17,10 @@ def write_report(results: BenchResults, out_dir: Path, stem: str = "bench") -> d
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"json": out_dir / f"{stem}.json", "markdown": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
     paths["json"].write_text(json.dumps(results.to_dict(), indent=2, default=_json_default) + "\n")
+    if results.meta.get("compare_off"):
+        del paths["png"]
+        paths["markdown"].write_text(render_modes_markdown(results))
+        return paths
     sweep_chart(results, paths["png"])
     paths["markdown"].write_text(render_markdown(results, paths["png"].name))
     return paths
@@ -152,4 +156,39 @@ def render_markdown(results: BenchResults, chart_name: str) -> str:
         "## Checks", "", *_checks(results.runs), "",
         "## Concurrency sweep", "", f"![throughput and TTFT against concurrency]({chart_name})", "",
     ]
+    return "\n".join(lines)
+
+
+def render_modes_markdown(results: BenchResults) -> str:
+    """A --compare-off run: the same workload with the engine feature on and off."""
+    from tgi_llm.bench.modes import turn_ttfts
+
+    m, w = results.meta, results.workload
+    if w["kind"] == "multi-turn":
+        shape = (f"multi-turn chat: {w['conversations']} conversations x {w['turns']} turns, a shared system prompt "
+                 f"of ~{w['system_tokens']} tokens, questions of ~{w['question_tokens']} tokens, "
+                 f"{w['answer_tokens']} tokens generated per turn; each turn's prompt is the whole history")
+    else:
+        shape = (f"{w['kind']}, {w['num_requests']} requests, input tokens {w['input_len']} "
+                 f"(mean {w['input_mean']:.0f}), output tokens {w['output_len']} (mean {w['output_mean']:.0f})")
+    lines = [
+        f"# tgi_llm benchmark: {m['compare_off']} on / off", "",
+        f"- date: {m.get('date')}; revision: {m.get('revision')}; machine: {m.get('machine')}",
+        f"- load average (1 min) before / after: {m.get('load_before')} / {m.get('load_after')}",
+        f"- model: `{m.get('model')}`; limits: {m.get('limits') or 'defaults'}",
+        f"- workload: {shape}; concurrency {results.main_concurrency}; seed {w['seed']}",
+        f"- command: `{m.get('command')}`", "",
+        "## Runs", "", *_runs_table(results.runs), "",
+    ]
+    turns = w.get("turns")
+    if turns:
+        lines += ["## TTFT by turn (ms, p50 / p90 / p99)", "",
+                  "| run | " + " | ".join(f"turn {t + 1}" for t in range(turns)) + " |",
+                  "|---|" + "---|" * turns]
+        for run in results.runs:
+            cells = [_ms(turn_ttfts(run, turns, t, t), digits=0) for t in range(turns)]
+            lines.append(f"| {run.summary.system} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Against the targets", "", *_comparisons_table(results.comparisons), "",
+              *_forward_table(results.runs), "", "## Checks", "", *_checks(results.runs), ""]
     return "\n".join(lines)

@@ -21,6 +21,7 @@ class SystemRun:
     server_steps: dict[str, dict[str, float]] | None = None  # the server's forward totals during this run
     batch_size: int | None = None  # static baselines
     ttft_by_request: dict[int, float] | None = None  # request index -> TTFT s, for paired comparisons
+    server_counters: dict[str, float] | None = None  # what the server's counters gained during this run
 
     def to_dict(self) -> dict:
         return {
@@ -29,6 +30,7 @@ class SystemRun:
             "engine_steps": [g.to_dict() for g in self.engine_steps] if self.engine_steps is not None else None,
             "server_steps": self.server_steps,
             "ttft_by_request_s": self.ttft_by_request,
+            "server_counters": self.server_counters,
         }
 
 

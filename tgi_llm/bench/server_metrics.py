@@ -36,6 +36,21 @@ def parse_forward_totals(text: str) -> ForwardTotals:
     return ForwardTotals({k: (v.get("count", 0.0), v.get("sum", 0.0)) for k, v in values.items()})
 
 
+def read_counters(metrics_url: str, names: tuple[str, ...]) -> dict[str, float] | None:
+    """Unlabelled counters or gauges by name (missing ones read 0); None when the endpoint cannot be read."""
+    try:
+        with urllib.request.urlopen(metrics_url, timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    values = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return values
+
+
 def read_forward_totals(metrics_url: str) -> ForwardTotals | None:
     """None when the metrics endpoint cannot be read (the benchmark then reports no server steps)."""
     try:

@@ -25,6 +25,7 @@ class RequestRecord:
     reported_output_tokens: int | None = None  # what the server says it generated
     reported_input_tokens: int | None = None
     error: str | None = None
+    text: str = ""  # the streamed text (a multi-turn conversation builds its next prompt from it)
 
     @property
     def ok(self) -> bool:

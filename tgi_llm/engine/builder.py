@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from tgi_llm.engine.engine import Engine
-from tgi_llm.engine.limits import check_static_limits, default_step_tokens, resolve_limits
+from tgi_llm.engine.limits import check_static_limits, default_step_target_ms, default_step_tokens, resolve_limits
 from tgi_llm.engine.options import EngineOptions
 
 logger = logging.getLogger(__name__)
@@ -82,14 +82,15 @@ def build_engine(opts: EngineOptions) -> Engine:
     from dataclasses import replace
 
     limits = resolve_limits(replace(opts.limits, block_size=block_size), config.max_position_embeddings,
-                            kv_tokens, default_step_tokens(device.type))
+                            kv_tokens, default_step_tokens(device.type), default_step_target_ms(device.type))
     kv_caches = allocate_kv_cache(shards.cache_config(config) if shards else config, limits.num_blocks, block_size,
                                   dtype, device)
     logger.info(
         "KV cache: %d blocks of %d tokens (%.2f GiB, %d bytes/token); prefix caching %s, chunked prefill %s "
-        "(step budget %d tokens)", limits.num_blocks, block_size, limits.num_blocks * block_size * per_token / 2**30,
-        per_token, "on" if limits.prefix_caching else "off", "on" if limits.prefill_chunking else "off",
-        limits.max_batch_prefill_tokens,
+        "(step budget %d tokens, paced to %s ms while streams decode)", limits.num_blocks, block_size,
+        limits.num_blocks * block_size * per_token / 2**30, per_token, "on" if limits.prefix_caching else "off",
+        "on" if limits.prefill_chunking else "off", limits.max_batch_prefill_tokens,
+        limits.prefill_step_target_ms or "-",
     )
     runner = (shards.runner if shards else ModelRunner)(model, kv_caches, block_size, config.vocab_size, device)
     engine = Engine(tokenizer, limits, runner, eos_token_ids(model_dir, tokenizer),

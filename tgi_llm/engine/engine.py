@@ -183,6 +183,7 @@ class Engine:
             self._update_batch_gauges()
             return
         t2 = time.perf_counter()
+        self.scheduler.pacer.observe(plan.num_tokens, t2 - t1)
         for seq in self.scheduler.update(plan, results):
             self._emit(seq, self.postprocessor.token_event(seq))
             if seq.finish_reason is not None:

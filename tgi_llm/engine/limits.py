@@ -11,14 +11,19 @@ logger = logging.getLogger(__name__)
 
 #: TGI caps its default context at 4096 tokens to leave KV memory for more users.
 DEFAULT_MAX_TOTAL_TOKENS = 4096
-#: With chunking, the step budget on a CPU when none is given: a step of this many prompt tokens takes
-#: ~0.3 s on 2 cores (SmolLM2-135M), the longest a running stream then waits for its next token.
-CPU_STEP_TOKENS = 256
+#: With chunking on a CPU: the most prompt tokens one step takes, and the step time it aims for while
+#: streams decode (the longest a running stream then waits for its next token; pacing.py).
+CPU_STEP_TOKENS = 512
+CPU_STEP_TARGET_MS = 400
 
 
 def default_step_tokens(device_type: str) -> int | None:
     """The chunked-prefill step budget for a device, when the operator sets none (None: TGI's default)."""
     return CPU_STEP_TOKENS if device_type == "cpu" else None
+
+
+def default_step_target_ms(device_type: str) -> int | None:
+    return CPU_STEP_TARGET_MS if device_type == "cpu" else None
 
 
 @dataclass(frozen=True)
@@ -41,6 +46,9 @@ class LimitOptions:
     prefix_caching: bool = True
     #: Split prompts across steps within the step budget (TGI v3's chunking; env PREFILL_CHUNKING).
     prefill_chunking: bool = True
+    #: With chunking, while streams decode, a step takes only the prompt tokens that fit this time
+    #: (pacing.py); None: the device's default (CPU 400 ms), 0: never paced.
+    prefill_step_target_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Limits:
     block_size: int
     prefix_caching: bool = True
     prefill_chunking: bool = True
+    prefill_step_target_ms: int | None = None  # None: no pacing
 
     @property
     def num_blocks(self) -> int:
@@ -87,6 +96,8 @@ def check_static_limits(opts: LimitOptions) -> None:
     for name in ("max_concurrent_requests", "max_waiting_tokens", "block_size"):
         if getattr(opts, name) <= 0:
             _fail(f"`{name}` must be > 0. Given: {getattr(opts, name)}")
+    if opts.prefill_step_target_ms is not None and opts.prefill_step_target_ms < 0:
+        _fail(f"`prefill_step_target_ms` must be >= 0. Given: {opts.prefill_step_target_ms}")
     for name in ("max_best_of", "max_stop_sequences", "max_top_n_tokens"):
         if getattr(opts, name) < 0:
             _fail(f"`{name}` must be >= 0. Given: {getattr(opts, name)}")
@@ -100,14 +111,15 @@ def check_static_limits(opts: LimitOptions) -> None:
 
 def resolve_limits(
     opts: LimitOptions, max_position_embeddings: int | None, kv_cache_tokens: int | None,
-    default_step_tokens: int | None = None,
+    default_step_tokens: int | None = None, default_step_target_ms: int | None = None,
 ) -> Limits:
     """Fill the unset limits as TGI does, then check every combination.
 
     `kv_cache_tokens` is how many tokens the KV-cache memory budget holds (TGI's warm-up
     measures this); it becomes `max_batch_total_tokens` when the operator did not set one.
-    `default_step_tokens`: with chunking, the default step budget for the device (a CPU forward of
-    4,000 tokens takes seconds, during which every stream stalls); None: TGI's default.
+    `default_step_tokens` / `default_step_target_ms`: with chunking, the device's default step budget and
+    pacing target (a CPU forward of 4,000 tokens takes seconds, during which every stream stalls);
+    None: TGI's budget, no pacing.
     """
     check_static_limits(opts)
     max_default = DEFAULT_MAX_TOTAL_TOKENS
@@ -138,9 +150,11 @@ def resolve_limits(
             )
         logger.info("Setting max batch total tokens to %d", total)
     total -= total % opts.block_size
+    target = opts.prefill_step_target_ms if opts.prefill_step_target_ms is not None else default_step_target_ms
     resolved = replace(
         opts, max_input_tokens=mit, max_total_tokens=mtt, max_batch_prefill_tokens=prefill,
         max_batch_total_tokens=total,
+        prefill_step_target_ms=target if opts.prefill_chunking and target and target > 0 else None,
     )
     check_static_limits(resolved)
     if max_position_embeddings is not None and mtt > max_position_embeddings:

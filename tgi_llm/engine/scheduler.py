@@ -24,6 +24,7 @@ from collections.abc import Sequence as Seq
 
 from tgi_llm.engine.kv_cache_manager import KVCacheManager
 from tgi_llm.engine.limits import Limits
+from tgi_llm.engine.pacing import StepPacer
 from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sequence import Sequence, SequenceStatus
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
@@ -40,6 +41,8 @@ class Scheduler:
         #: Steps since sequences were last admitted (TGI's `waiting_tokens`; whole-prompt policy only).
         self.waiting_steps = 0
         self._released: list[int] = []
+        target_ms = limits.prefill_step_target_ms
+        self.pacer = StepPacer(target_ms / 1000 if target_ms else None, min_tokens=limits.block_size)
 
     @property
     def batch_max_tokens(self) -> int:
@@ -62,11 +65,12 @@ class Scheduler:
 
     def _schedule_chunked(self) -> list[ScheduledSeq]:
         lim = self.limits
-        budget = lim.max_batch_prefill_tokens
         decodes = [s for s in self.running.values() if s.num_computed >= s.input_length]
         prefills = [s for s in self.running.values() if s.num_computed < s.input_length]
         entries = [self._entry(s, 1) for s in decodes]
-        budget -= len(entries)
+        # Prompts always move by at least a block, however many streams decode.
+        budget = max(self.pacer.budget(lim.max_batch_prefill_tokens, bool(decodes)) - len(entries),
+                     min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
         for seq in prefills:
             if budget <= 0:
                 break

@@ -84,6 +84,7 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "block_size": "16",
     "prefix_caching": "true",
     "prefill_chunking": "true",
+    "prefill_step_target_ms": "",
     "json_output": "false",
     "cancellation_poll_ms": "100",
 }
