@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tgi_llm.engine.grammar import CompiledGrammar
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,8 @@ class ValidRequest:
     #: Part of every prefix-cache key of this request: requests whose K/V differ for the same tokens (a
     #: LoRA adapter, a cache salt) must never share blocks. Empty: the base model's.
     cache_key: bytes = b""
+    #: The output must match this grammar (compiled at validation; the runner keeps the matcher state).
+    grammar: CompiledGrammar | None = field(default=None, compare=False)
     #: Free-form tags the caller wants back in events (e.g. Triton's request id).
     tags: dict = field(default_factory=dict, compare=False)
 

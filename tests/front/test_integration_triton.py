@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -225,3 +226,122 @@ def test_openai_usage_reports_the_prompt_tokens_served_from_the_prefix_cache(sta
                for q in ("Name a color.", "Name a fruit.")]
     assert replies[1].usage.prompt_tokens_details.cached_tokens >= 96
     assert replies[1].usage.prompt_tokens_details.cached_tokens < replies[1].usage.prompt_tokens
+
+
+# ---- structured output and tool calls, with the clients people use ----
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                   "required": ["city", "unit"], "additionalProperties": False}}}
+TIME_TOOL = {"type": "function", "function": {
+    "name": "get_time", "description": "Current time in a timezone",
+    "parameters": {"type": "object", "properties": {"timezone": {"type": "string", "maxLength": 30}},
+                   "required": ["timezone"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+
+def _args_valid(name: str, arguments: str) -> None:
+    import jsonschema
+
+    tool = {"get_weather": WEATHER_TOOL, "get_time": TIME_TOOL}[name]
+    jsonschema.validate(json.loads(arguments), tool["function"]["parameters"])
+
+
+def test_openai_tool_calls_parse_and_validate_streaming_and_not(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        reply = client.chat.completions.create(model="SmolLM2", messages=ASK, tools=[WEATHER_TOOL, TIME_TOOL],
+                                               tool_choice=choice, max_tokens=80, temperature=0)
+        assert reply.choices[0].finish_reason == "tool_calls" and reply.choices[0].message.content is None
+        (call,) = reply.choices[0].message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_")
+        _args_valid(call.function.name, call.function.arguments)
+        if isinstance(choice, dict):
+            assert call.function.name == "get_weather"
+
+        chunks = list(client.chat.completions.create(model="SmolLM2", messages=ASK, tools=[WEATHER_TOOL, TIME_TOOL],
+                                                     tool_choice=choice, max_tokens=80, temperature=0, stream=True))
+        deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+        assert deltas[0].function.name == call.function.name and deltas[0].id
+        assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_openai_auto_tool_choice_answers_with_a_call_or_text(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    for messages in (ASK, [{"role": "user", "content": "Say hello to me."}]):
+        reply = client.chat.completions.create(model="SmolLM2", messages=messages, tools=[WEATHER_TOOL],
+                                               tool_choice="auto", max_tokens=80, temperature=0)
+        message = reply.choices[0].message
+        if message.tool_calls:
+            assert reply.choices[0].finish_reason == "tool_calls"
+            _args_valid(message.tool_calls[0].function.name, message.tool_calls[0].function.arguments)
+        else:
+            assert isinstance(message.content, str) and reply.choices[0].finish_reason in ("stop", "length")
+
+
+def test_openai_response_format_and_pydantic_parse(stack: Stack) -> None:
+    import jsonschema
+    from pydantic import BaseModel
+
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 30},
+                                               "population_millions": {"type": "integer", "minimum": 0}},
+              "required": ["capital", "population_millions"], "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model="SmolLM2", messages=[{"role": "user", "content": "Tell me about France."}], max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "country", "schema": schema, "strict": True}})
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    anything = client.chat.completions.create(
+        model="SmolLM2", messages=[{"role": "user", "content": "Describe a cat as a JSON object with two keys."}],
+        max_tokens=120, response_format={"type": "json_object"}, temperature=0)
+    assert anything.choices[0].message.content.startswith("{")
+    if anything.choices[0].finish_reason == "stop":  # else cut by max_tokens, as OpenAI's would be
+        assert isinstance(json.loads(anything.choices[0].message.content), dict)
+
+    class City(BaseModel):
+        name: str
+        country: str
+
+    parsed = client.beta.chat.completions.parse(model="SmolLM2", response_format=City, max_tokens=60,
+                                                messages=[{"role": "user", "content": "Name a city in Japan."}])
+    assert isinstance(parsed.choices[0].message.parsed, City)
+
+
+def test_hf_inference_client_grammar_and_tools(stack: Stack) -> None:
+    from huggingface_hub import InferenceClient
+
+    client = InferenceClient(model=stack.front)
+    out = client.text_generation("The year the first man walked on the moon:", max_new_tokens=10,
+                                 grammar={"type": "regex", "value": "[0-9]{4}"})
+    assert re.fullmatch(r"[0-9]{4}", out)
+    out = client.text_generation("A person as JSON:", max_new_tokens=60, details=True,
+                                 grammar={"type": "json", "value": {"type": "object", "properties": {
+                                     "age": {"type": "integer", "minimum": 0, "maximum": 120}}, "required": ["age"]}})
+    assert isinstance(json.loads(out.generated_text)["age"], int)
+    chat = client.chat_completion(messages=ASK, tools=[WEATHER_TOOL], tool_choice="required", max_tokens=80)
+    call = chat.choices[0].message.tool_calls[0]
+    _args_valid(call.function.name, json.dumps(call.function.arguments) if isinstance(call.function.arguments, dict)
+                else call.function.arguments)
+
+
+def test_grammar_errors_are_4xx_naming_the_field_and_the_server_goes_on(stack: Stack) -> None:
+    bad = [
+        ("/generate", {"inputs": "x", "parameters": {"grammar": {"type": "regex", "value": "[a-"}}}, "`grammar`"),
+        ("/generate", {"inputs": "x", "parameters": {"grammar": {"type": "yaml", "value": "a"}}}, "`grammar.type`"),
+        ("/v1/chat/completions", {"messages": ASK, "tools": [WEATHER_TOOL],
+                                  "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "`tool_choice.function.name`"),
+        ("/v1/chat/completions", {"messages": ASK, "tools": [WEATHER_TOOL], "response_format": {"type": "json_object"}},
+         "`tools` and `response_format`"),
+        ("/v1/chat/completions", {"messages": ASK, "response_format": {"type": "json_schema", "json_schema": {
+            "schema": {"type": "array", "uniqueItems": True}}}}, "`response_format.json_schema.schema`"),
+    ]
+    for route, body, field in bad:
+        r = httpx.post(stack.front + route, json=body, timeout=60)
+        assert 400 <= r.status_code < 500, (route, r.status_code, r.text)
+        assert field in r.text
+    r = httpx.post(stack.front + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 3}}, timeout=60)
+    assert r.status_code == 200

@@ -230,3 +230,21 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(server, r
     assert gained("vllm:prefix_cache_queries", after) > gained("vllm:prefix_cache_hits", after)
     assert 0 <= metric(after, "vllm:kv_cache_usage_perc") <= 1
     assert wait_until(lambda: kv_settled(server))
+
+
+def test_grammars_through_triton_tensors_and_request_parameters(server):
+    import re
+
+    reply = grpc_generate(server, "The year:", max_tokens=12, guided_decoding_guide_type="regex",
+                          guided_decoding_guide="(19|20)[0-9]{2}")
+    assert reply.error is None and re.fullmatch(r"(19|20)[0-9]{2}", reply.text)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    reply = grpc_generate(server, "JSON:", stream=False, max_tokens=20, guided_decoding_guide_type="json_schema",
+                          guided_decoding_guide=json.dumps(schema))
+    assert reply.error is None and isinstance(json.loads(reply.text)["ok"], bool)
+    grammar = json.dumps({"type": "regex", "value": "(yes|no)"})  # TGI's grammar, as a request parameter
+    status, body = http_generate(server, {"text_input": "Answer:", "max_tokens": 5, "grammar": grammar})
+    assert status == 200 and body["text_output"] in ("yes", "no")
+    reply = grpc_generate(server, "x", max_tokens=5, guided_decoding_guide_type="regex", guided_decoding_guide="[a-")
+    assert reply.error is not None and "`grammar` cannot be compiled" in str(reply.error)

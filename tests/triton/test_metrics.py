@@ -70,6 +70,18 @@ def test_prefix_cache_counters_advance_by_what_the_engine_counted_and_vllm_gauge
     assert f.value("vllm:kv_cache_usage_perc") == 0.4
 
 
+def test_grammar_counters_and_mask_times():
+    metrics, f = make()
+    base = dict(queue_size=0, batch_size=0, batch_max_tokens=0, kv_blocks_total=10, kv_blocks_free=10, running=0)
+    metrics.engine_stats(EngineStats(**base, grammar_requests=3, grammar_compiled=2, grammar_cache_hits=1,
+                                     grammar_compile_s=0.004))
+    assert f.value("tgi_grammar_requests") == 3 and f.value("tgi_grammar_cache_hits") == 1
+    assert f.value("tgi_grammar_compiled") == 2 and f.value("tgi_grammar_compile_seconds") == 0.004
+    metrics.steps([StepStats("decode", 2, 2, 0, 0.02, 0.01, grammar_mask_s=0.001),
+                   StepStats("decode", 2, 2, 0, 0.02, 0.01)])
+    assert f.observations("tgi_grammar_mask_duration") == [0.001]
+
+
 def test_steps_by_method():
     metrics, f = make()
     metrics.steps([StepStats("prefill", 2, 10, 2, 0.1, 0.01), StepStats("decode", 2, 2, 0, 0.02, 0.01),

@@ -92,9 +92,11 @@ def build_engine(opts: EngineOptions) -> Engine:
         "on" if limits.prefill_chunking else "off", limits.max_batch_prefill_tokens,
         limits.prefill_step_target_ms or "-",
     )
-    runner = (shards.runner if shards else ModelRunner)(model, kv_caches, block_size, config.vocab_size, device)
-    engine = Engine(tokenizer, limits, runner, eos_token_ids(model_dir, tokenizer),
-                    model_id=opts.model_id or _default_model_id())
+    eos = eos_token_ids(model_dir, tokenizer)
+    runner = (shards.runner if shards else ModelRunner)(model, kv_caches, block_size, config.vocab_size, device,
+                                                        frozenset(eos))
+    engine = Engine(tokenizer, limits, runner, eos,
+                    model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
     if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too
         shards.on_failure(lambda _reason: setattr(engine, "healthy", False))
     return engine

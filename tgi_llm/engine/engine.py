@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_llm.engine.detokenizer import IncrementalDetokenizer
+from tgi_llm.engine.grammar import GrammarCompiler
 from tgi_llm.engine.kv_cache_manager import KVCacheManager
 from tgi_llm.engine.limits import Limits
 from tgi_llm.engine.postprocess import Postprocessor
@@ -48,13 +49,14 @@ class Engine:
     """Wires validator, scheduler, runner and postprocessor; use `tgi_llm.engine.build_engine`."""
 
     def __init__(self, tokenizer: Any, limits: Limits, runner: Runner, eos_token_ids: set[int],
-                 model_id: str = "") -> None:
+                 model_id: str = "", vocab_size: int | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.model_id = model_id
         self.runner = runner
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.validator = Validator(tokenizer, limits)
+        self.grammars = GrammarCompiler(tokenizer, vocab_size or len(tokenizer), eos_token_ids)
+        self.validator = Validator(tokenizer, limits, self.grammars)
         self.kv = KVCacheManager(limits.num_blocks, limits.block_size, limits.prefix_caching)
         self.scheduler = Scheduler(limits, self.kv)
         self.postprocessor = Postprocessor(tokenizer)
@@ -69,6 +71,7 @@ class Engine:
         self._batch_size = 0
         self._batch_max_tokens = 0
         self.healthy = True
+        self._grammar_requests = 0
 
     @classmethod
     def from_options(cls, options: Any) -> Engine:
@@ -93,6 +96,7 @@ class Engine:
                            StopChecker(self.eos_token_ids, request.stopping))
             self._live[seq.request_id] = seq
             self._inbox.append(seq)
+            self._grammar_requests += request.grammar is not None
             self._cond.notify()
         return RequestHandle(seq.request_id, self)
 
@@ -112,6 +116,10 @@ class Engine:
             running=len(self._live),
             prefix_cache_queried_tokens=self.kv.counters.queried_tokens,
             prefix_cache_hit_tokens=self.kv.counters.hit_tokens,
+            grammar_requests=self._grammar_requests,
+            grammar_compiled=self.grammars.stats.compiled,
+            grammar_cache_hits=self.grammars.stats.cache_hits,
+            grammar_compile_s=self.grammars.stats.compile_s,
         )
 
     def drain_step_stats(self) -> list[StepStats]:
@@ -198,10 +206,14 @@ class Engine:
 
     def _record(self, plan: StepPlan, schedule_s: float, update_s: float, forward_s: float) -> None:
         decodes = sum(1 for s in plan.seqs if s.is_decode)
+        masks = getattr(getattr(self.runner, "grammar", None), "mask_times_s", None)
+        mask_s = 0.0
+        while masks:
+            mask_s += masks.popleft()
         self._step_stats.append(StepStats(
             method="decode" if decodes == len(plan.seqs) else "prefill", batch_size=len(plan.seqs),
             num_tokens=plan.num_tokens, num_prefill=len(plan.seqs) - decodes, forward_s=forward_s,
-            bookkeeping_s=schedule_s + update_s, schedule_s=schedule_s,
+            bookkeeping_s=schedule_s + update_s, schedule_s=schedule_s, grammar_mask_s=mask_s,
         ))
 
     def _cancel_now(self, request_id: int) -> None:

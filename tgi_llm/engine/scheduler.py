@@ -198,7 +198,8 @@ class Scheduler:
                 seq.prompt_logprobs.extend(result.prompt_logprobs)
             if entry.samples:
                 assert result is not None, f"request {entry.request_id} sampled nothing"
-                seq.append_token(result.token_id, result.logprob, result.top_ids, result.top_logprobs)
+                seq.append_token(result.token_id, result.logprob, result.top_ids, result.top_logprobs,
+                                 result.grammar_done)
                 sampled.append(seq)
             self.kv.cache_computed(seq)
         return sampled

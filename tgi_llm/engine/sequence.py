@@ -79,12 +79,13 @@ class Sequence:
     def cache_key(self) -> bytes:
         return self.request.cache_key
 
-    def append_token(self, token_id: int, logprob: float, top_ids: list[int], top_logprobs: list[float]) -> str:
+    def append_token(self, token_id: int, logprob: float, top_ids: list[int], top_logprobs: list[float],
+                     grammar_done: bool = False) -> str:
         """Record one sampled token: detokenize, check the stop criteria (sets `finish_reason`). Returns the
         text it adds, with any held-back text flushed when it ends the sequence."""
         assert self.detokenizer is not None and self.stop is not None, "a sampling sequence needs its detokenizer"
         delta = self.detokenizer.step(token_id)
-        reason = self.stop.check(token_id, delta)
+        reason = self.stop.check(token_id, delta, grammar_done)
         if reason is not None:
             delta += self.detokenizer.finish()
             self.finish_reason = reason

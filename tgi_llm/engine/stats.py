@@ -16,6 +16,10 @@ class EngineStats:
     kv_blocks_cached: int = 0  # of the free ones, those holding reusable prefix-cache entries
     prefix_cache_queried_tokens: int = 0  # prompt tokens looked up in the prefix cache (a counter)
     prefix_cache_hit_tokens: int = 0  # of those, found cached (a counter)
+    grammar_requests: int = 0  # requests submitted with a grammar (a counter)
+    grammar_compiled: int = 0  # grammars compiled (a counter; the others came from the cache)
+    grammar_cache_hits: int = 0
+    grammar_compile_s: float = 0.0  # seconds spent compiling grammars (a counter)
 
     @property
     def kv_blocks_used(self) -> int:
@@ -31,3 +35,4 @@ class StepStats:
     forward_s: float
     bookkeeping_s: float  # scheduling (prefix-cache lookups included) + updating sequences, engine thread
     schedule_s: float = 0.0  # of which scheduling
+    grammar_mask_s: float = 0.0  # computing and applying grammar masks (part of the forward's time)

@@ -26,12 +26,13 @@ class StopChecker:
         self._keep = max((len(s) for s in self._stops), default=1) - 1
         self._tail = ""
 
-    def check(self, token_id: int, new_text: str) -> FinishReason | None:
-        """`new_text` is the text this token added (the detokenizer's delta, possibly "")."""
+    def check(self, token_id: int, new_text: str, grammar_done: bool = False) -> FinishReason | None:
+        """`new_text` is the text this token added (the detokenizer's delta, possibly ""); `grammar_done`:
+        the token is the end-of-sequence that completes the request's grammar (ends it even with ignore_eos)."""
         self.generated_tokens += 1
         if self.generated_tokens >= self.stopping.max_new_tokens:
             return FinishReason.LENGTH
-        if not self.stopping.ignore_eos and token_id in self.eos_token_ids:
+        if grammar_done or (not self.stopping.ignore_eos and token_id in self.eos_token_ids):
             return FinishReason.EOS_TOKEN
         if self._stops and new_text:
             # Search only where a match would involve new text. TGI only looks for a stop sequence

@@ -6,6 +6,7 @@ import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tgi_llm.engine.grammar import GrammarCompiler, GrammarSpec
 from tgi_llm.engine.limits import Limits
 from tgi_llm.errors import ValidationError
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
@@ -63,9 +64,10 @@ def _stop_sequences(params: Mapping[str, Any]) -> tuple[str, ...]:
 class Validator:
     """Turns (inputs, TGI parameters) into a ValidRequest or raises ValidationError."""
 
-    def __init__(self, tokenizer: Any, limits: Limits) -> None:
+    def __init__(self, tokenizer: Any, limits: Limits, grammars: GrammarCompiler | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
+        self.grammars = grammars  # None: requests with a grammar are rejected
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
@@ -89,8 +91,11 @@ class Validator:
         decoder_input_details = _flag(params, "decoder_input_details")
         if decoder_input_details and (stream or _flag(params, "stream")):
             raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens")
+        grammar = None
         if params.get("grammar") is not None:
-            raise ValidationError("grammar is not supported")
+            if self.grammars is None:
+                raise ValidationError("grammar is not supported")
+            grammar = self.grammars.compile(GrammarSpec.parse(params["grammar"]))
         stop = _stop_sequences(params)
         if len(stop) > lim.max_stop_sequences:
             raise ValidationError(
@@ -131,6 +136,7 @@ class Validator:
             decoder_input_details=decoder_input_details,
             return_full_text=_flag(params, "return_full_text"),
             input_text=input_text,
+            grammar=grammar,
         )
 
     def _input_ids(self, inputs: str | Sequence[int]) -> tuple[str | None, list[int]]:

@@ -8,15 +8,21 @@ from tgi_llm.front.errors import FrontError
 from tgi_llm.front.schemas import ChatMessage
 
 
-def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None) -> str:
-    """The prompt text, ending with the assistant turn's opening (add_generation_prompt), as TGI does."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+def render_chat(tokenizer: Any, messages: list[ChatMessage], tools: list[dict[str, Any]] | None = None,
+                tool_text: str | None = None) -> str:
+    """The prompt text, ending with the assistant turn's opening (add_generation_prompt), as TGI does.
+    `tools` go to templates that render them; for the others `tool_text` (the tool descriptions) is
+    appended to the last message, as TGI does."""
+    template = getattr(tokenizer, "chat_template", None) if tokenizer is not None else None
+    if not template:
         raise FrontError("Template error: this model has no chat template", "template_error")
     if not messages:
         raise FrontError("`messages` cannot be empty", "validation")
+    rendered = [m.for_template() for m in messages]
+    if tools and "tools" not in str(template) and tool_text:
+        rendered[-1] = {**rendered[-1], "content": f"{rendered[-1]['content']}\n---\n{tool_text}"}
+        tools = None
     try:
-        return tokenizer.apply_chat_template(
-            [m.for_template() for m in messages], tools=tools, tokenize=False, add_generation_prompt=True
-        )
+        return tokenizer.apply_chat_template(rendered, tools=tools, tokenize=False, add_generation_prompt=True)
     except Exception as exc:  # jinja2's TemplateError, or the template's own raise_exception(...)
         raise FrontError(f"Template error: {exc}", "template_error") from exc

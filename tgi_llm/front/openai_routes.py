@@ -15,6 +15,7 @@ from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.generation import Generation, openai_finish_reason
 from tgi_llm.front.merge import merge_streams
 from tgi_llm.front.protocol import Chunk, GenerateSpec, TokenInfo
+from tgi_llm.front.response_format import response_format_grammar
 from tgi_llm.front.schemas import (
     ChatChoice,
     ChatChunkChoice,
@@ -28,16 +29,19 @@ from tgi_llm.front.schemas import (
     Completion,
     CompletionChoice,
     CompletionRequest,
+    FunctionCall,
     ModelCard,
     ModelList,
     PromptTokensDetails,
     SamplingRequest,
+    ToolCall,
     TopLogprob,
     Usage,
 )
 from tgi_llm.front.sse import DONE, SSEResponse, error_event, event, until_disconnect
 from tgi_llm.front.state import FrontState, parse_body
 from tgi_llm.front.tgi_routes import peek
+from tgi_llm.front.tools import ToolCallStream, ToolPlan, call_id, parse_answer, plan_tools, tool_prompt
 
 
 def _check_common(req: SamplingRequest) -> None:
@@ -79,34 +83,46 @@ class _Stamp:
 def build_router(state: FrontState) -> APIRouter:
     router = APIRouter()
 
-    def chat_spec(req: ChatRequest) -> GenerateSpec:
+    def chat_spec(req: ChatRequest) -> tuple[GenerateSpec, ToolPlan | None]:
         _check_common(req)
-        if req.tools and req.tool_choice != "none":
-            raise validation("Tool calls are not supported")
-        if req.response_format is not None and req.response_format != {"type": "text"}:
-            raise validation("grammar is not supported")
+        tools = plan_tools(req.tools, req.tool_choice)
+        grammar = response_format_grammar(req.response_format)
+        if tools is not None and grammar is not None:
+            raise validation("`tools` and `response_format` cannot be used together")
         if req.top_logprobs is not None and not req.logprobs:
             raise validation("`top_logprobs` requires `logprobs` == true")
-        prompt = render_chat(state.tokenizer, req.messages)
-        return GenerateSpec(inputs=prompt, parameters=req.to_engine() | {"details": True}, stream=req.stream)
+        tool_text = tool_prompt(tools, req.tool_prompt) if tools is not None else None
+        prompt = render_chat(state.tokenizer, req.messages, req.tools if tools is not None else None, tool_text)
+        params = req.to_engine() | {"details": True}
+        if tools is not None or grammar is not None:
+            params["grammar"] = tools.grammar if tools is not None else grammar
+        return GenerateSpec(inputs=prompt, parameters=params, stream=req.stream), tools
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatRequest)
-        spec = chat_spec(req)
+        spec, tools = chat_spec(req)
         stamp = _Stamp(state, "chatcmpl")
         chunks = state.client.stream(spec, state.new_request_id())
         if req.stream:
             first = await peek(chunks)
-            return SSEResponse(chat_events(req, stamp, first, chunks))
+            return SSEResponse(chat_events(req, tools, stamp, first, chunks))
         gen = await until_disconnect(request, Generation.collect(chunks))
+        finish = openai_finish_reason(gen.finish_reason) or "length"
+        message = ChatCompletionMessage(content=gen.text)
+        answer = parse_answer(gen.text) if tools is not None else None
+        if answer is not None and answer.is_call:
+            call = ToolCall(id=call_id(), function=FunctionCall(name=answer.name, arguments=answer.arguments))
+            message, finish = ChatCompletionMessage(content=None, tool_calls=[call]), "tool_calls"
+        elif answer is not None:
+            message = ChatCompletionMessage(content=answer.content)
         body = ChatCompletion(
             **stamp.fields,
             choices=[
                 ChatChoice(
-                    message=ChatCompletionMessage(content=gen.text),
+                    message=message,
                     logprobs=_logprobs(gen.tokens, gen.top_tokens) if req.logprobs else None,
-                    finish_reason=openai_finish_reason(gen.finish_reason) or "length",
+                    finish_reason=finish,
                 )
             ],
             usage=_usage(gen.input_tokens, gen.generated_tokens, gen.cached_tokens),
@@ -114,21 +130,40 @@ def build_router(state: FrontState) -> APIRouter:
         return JSONResponse(body.model_dump())
 
     async def chat_events(
-        req: ChatRequest, stamp: _Stamp, first: Chunk, rest: AsyncIterator[Chunk]
+        req: ChatRequest, tools: ToolPlan | None, stamp: _Stamp, first: Chunk, rest: AsyncIterator[Chunk]
     ) -> AsyncIterator[bytes]:
-        def chunk_event(text: str, tokens: list[TokenInfo], tops: list[list[TokenInfo]], finish: str | None) -> bytes:
+        def chunk_event(text: str | None, tokens: list[TokenInfo], tops: list[list[TokenInfo]], finish: str | None,
+                        tool_calls: list | None = None) -> bytes:
             choice = ChatChunkChoice(
-                delta=ChatDelta(content=text),
+                delta=ChatDelta(content=text, tool_calls=tool_calls),
                 logprobs=_logprobs(tokens, tops) if req.logprobs and tokens else None,
                 finish_reason=finish,
             )
-            return event(ChatCompletionChunk(**stamp.fields, choices=[choice]).model_dump())
+            body = ChatCompletionChunk(**stamp.fields, choices=[choice]).model_dump()
+            delta = body["choices"][0]["delta"]
+            for key in ("content", "tool_calls"):  # OpenAI sends a delta's content or its tool calls
+                if delta[key] is None:
+                    del delta[key]
+            return event(body)
 
+        calls = ToolCallStream() if tools is not None else None
         try:
             chunk: Chunk | None = first
             while chunk is not None:
                 finish = openai_finish_reason(chunk.finish_reason or "length") if chunk.final else None
-                if len(chunk.tokens) > 1:  # one event per token, as TGI streams
+                if calls is not None:  # a tool call: its pieces as they form, the call or the text at the end
+                    for piece in calls.feed(chunk.text):
+                        yield chunk_event(None, [], [], None, [piece])
+                    if chunk.final:
+                        pieces, answer = calls.finish()
+                        for piece in pieces:
+                            yield chunk_event(None, [], [], None, [piece])
+                        if answer is not None and answer.is_call:
+                            yield chunk_event(None, [], [], "tool_calls")
+                        else:
+                            text = answer.content if answer is not None else calls.text
+                            yield chunk_event(text, [], [], finish)
+                elif len(chunk.tokens) > 1:  # one event per token, as TGI streams
                     for i, tok in enumerate(chunk.tokens):
                         last = i == len(chunk.tokens) - 1
                         tops = chunk.top_tokens[i : i + 1]

@@ -137,10 +137,27 @@ class ChatMessage(BaseModel):
         content = self.content
         if isinstance(content, list):
             content = "".join(part.get("text", "") for part in content if part.get("type", "text") == "text")
+        calls = getattr(self, "tool_calls", None)
+        if not content and isinstance(calls, list) and calls:
+            content = _calls_as_text(calls)  # an earlier tool call, in the shape the model was asked for
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.name:
             out["name"] = self.name
         return out
+
+
+def _calls_as_text(calls: list[Any]) -> str:
+    import json
+
+    parts = []
+    for call in calls:
+        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        try:
+            arguments = json.loads(fn.get("arguments") or "{}")
+        except (TypeError, json.JSONDecodeError):
+            arguments = fn.get("arguments")
+        parts.append(json.dumps({"name": fn.get("name"), "arguments": arguments}, separators=(",", ":")))
+    return "\n".join(parts)
 
 
 class SamplingRequest(BaseModel):
@@ -188,6 +205,7 @@ class ChatRequest(SamplingRequest):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
+    tool_prompt: str | None = None  # TGI's: what precedes the tool descriptions in the prompt
     response_format: Any = None
 
     def to_engine(self) -> dict[str, Any]:
@@ -236,9 +254,21 @@ class ChatLogprobs(BaseModel):
     content: list[ChatLogprob]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # a JSON object, as text
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -260,7 +290,8 @@ class ChatCompletion(BaseModel):
 
 class ChatDelta(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # OpenAI's streamed pieces: index, id, type, function
 
 
 class ChatChunkChoice(BaseModel):

@@ -7,6 +7,7 @@ model validates with TGI's messages. Names: model_repository/tgi_llm/config.pbtx
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -88,8 +89,8 @@ def _set_parameter(param: Any, key: str, value: Any) -> None:
         param.double_param = value
     elif isinstance(value, str):
         param.string_param = value
-    else:
-        raise TypeError(f"parameter `{key}` has an unsupported type {type(value).__name__}")
+    else:  # a JSON object or array (TGI's `grammar`): as its JSON text; the model validates it by name
+        param.string_param = json.dumps(value)
 
 
 def _array(result: InferResult, name: str) -> np.ndarray | None:

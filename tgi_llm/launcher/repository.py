@@ -41,6 +41,10 @@ INPUTS: list[tuple[str, str, list[int]]] = [
     ("decoder_input_details", "TYPE_BOOL", [1]),
     ("ignore_eos", "TYPE_BOOL", [1]),
     ("sampling_parameters", "TYPE_STRING", [1]),
+    # Structured output, as TensorRT-LLM and Triton's OpenAI front end name it: json (any JSON value),
+    # json_schema, regex or ebnf_grammar, and the guide (schema, expression, grammar) itself.
+    ("guided_decoding_guide_type", "TYPE_STRING", [1]),
+    ("guided_decoding_guide", "TYPE_STRING", [1]),
 ]
 
 OUTPUTS: list[tuple[str, str, list[int]]] = [

@@ -159,11 +159,11 @@ class ShardGroup:
         return local_config(config, self.shard.world_size)
 
     def runner(self, model: torch.nn.Module, kv_caches: KVCache, block_size: int, vocab_size: int,
-               device: torch.device) -> ShardedModelRunner:
+               device: torch.device, eos_token_ids: frozenset[int] = frozenset()) -> ShardedModelRunner:
         """Rank 0's runner; returns once every shard is ready to run steps."""
         from tgi_llm.parallel.runner import ShardedModelRunner
 
-        return ShardedModelRunner(self, model, kv_caches, block_size, vocab_size, device)
+        return ShardedModelRunner(self, model, kv_caches, block_size, vocab_size, device, eos_token_ids)
 
     def connect(self, num_blocks: int, block_size: int) -> None:
         """Wait for every shard to load its slice, join the process groups, send the KV-cache geometry.

@@ -24,8 +24,8 @@ class ShardFailure(BaseException):  # noqa: N818 (named for what happened, like 
 
 class ShardedModelRunner(ModelRunner):
     def __init__(self, group: ShardGroup, model: torch.nn.Module, kv_caches: KVCache, block_size: int,
-                 vocab_size: int, device: torch.device) -> None:
-        super().__init__(model, kv_caches, block_size, vocab_size, device)
+                 vocab_size: int, device: torch.device, eos_token_ids: frozenset[int] = frozenset()) -> None:
+        super().__init__(model, kv_caches, block_size, vocab_size, device, eos_token_ids)
         self.group = group
         self.encoder = PlanEncoder()
         group.connect(num_blocks=kv_caches[0][0].shape[0], block_size=block_size)

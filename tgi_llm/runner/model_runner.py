@@ -16,6 +16,7 @@ from tgi_llm.engine.sampling import Sampler
 from tgi_llm.engine.step_plan import StepPlan
 from tgi_llm.kv_cache import KVCache
 from tgi_llm.runner.batch_inputs import BatchInputs, flatten, to_metadata
+from tgi_llm.runner.grammar_mask import GrammarMasker
 from tgi_llm.runner.request_state import RequestStates
 
 logger = logging.getLogger(__name__)
@@ -40,13 +41,14 @@ def keep_freed_memory_in_heap() -> bool:
 
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv_caches: KVCache, block_size: int, vocab_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, eos_token_ids: frozenset[int] = frozenset()) -> None:
         self.model = model
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
         self.sampler = Sampler()
         self.states = RequestStates(vocab_size, device)
+        self.grammar = GrammarMasker(vocab_size, frozenset(eos_token_ids))
         if device.type == "cpu" and keep_freed_memory_in_heap():
             logger.info("glibc malloc: large blocks kept in the heap (no page faults per forward)")
 
@@ -63,6 +65,7 @@ class ModelRunner:
         rows = torch.tensor(batch.logits_indices, dtype=torch.long, device=dev)
         return batch, self.model.compute_logits(hidden.index_select(0, rows))
 
+    @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[SeqResult | None]:
         for request_id in plan.released:
             self.states.release(request_id)
@@ -88,11 +91,17 @@ class ModelRunner:
         params = [s.request.sampling for s in states]
         top_n = max(s.request.top_n_tokens for s in states)
         penalties = self.states.penalties
+        constrained = [j for j, s in enumerate(states) if s.matcher is not None]
+        if constrained:
+            self.grammar.mask(logits, constrained, [states[j].matcher for j in constrained])
         out = self.sampler(logits, params, [s.generator for s in states],
                            penalties.counts(keys) if len(penalties) else None, top_n)
         penalties.record(keys, out.next_token_ids)
         # One host transfer for the whole batch.
         ids = out.next_token_ids.tolist()
+        done = self.grammar.advance([states[j].matcher for j in constrained], [ids[j] for j in constrained]) \
+            if constrained else []
+        grammar_done = {j for j, d in zip(constrained, done, strict=True) if d}
         lps = out.logprobs.tolist()
         top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
@@ -102,6 +111,7 @@ class ModelRunner:
                 token_id=ids[j], logprob=lps[j],
                 top_ids=top_ids[j][:n] if top_ids and n else [],
                 top_logprobs=top_lps[j][:n] if top_lps and n else [],
+                grammar_done=j in grammar_done,
             )
 
     def close(self) -> None:

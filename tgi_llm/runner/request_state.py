@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,6 +17,8 @@ class RequestState:
     #: The request's own random stream: advanced only by steps that sample for it, so a seed gives the
     #: same tokens whatever the batch, the chunking or the prefix cache did.
     generator: torch.Generator | None
+    #: Where the request's grammar stands (llguidance matcher), None without a grammar.
+    matcher: Any = None
 
 
 class RequestStates:
@@ -34,7 +37,8 @@ class RequestStates:
         if state is None:
             p = request.sampling
             generator = make_generator(p.seed, self.device) if samples(p) else None
-            state = self._states[request_id] = RequestState(request, generator)
+            matcher = request.grammar.matcher() if request.grammar is not None else None
+            state = self._states[request_id] = RequestState(request, generator, matcher)
             if uses_penalty(p):
                 self.penalties.add(request_id, request.input_ids)
         return state

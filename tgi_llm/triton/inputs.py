@@ -65,6 +65,9 @@ def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | No
     stop = tensor("stop")
     if stop is not None:
         params["stop"] = [_text("stop", v) for v in np.asarray(stop).reshape(-1)]
+    grammar = _guided_decoding(tensor)
+    if grammar is not None:
+        params["grammar"] = grammar
     stream = params.pop("stream", False)
     value = tensor("stream")
     if value is not None:
@@ -80,6 +83,21 @@ def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | No
             raise ValidationError(f"`exclude_input_in_output` must be a boolean. Given: {exclude!r}")
         params["return_full_text"] = not exclude
     return ParsedRequest(inputs=_prompt(tensor("text_input")), params=params, stream=stream)
+
+
+def _guided_decoding(tensor: TensorGetter) -> dict[str, Any] | None:
+    """TensorRT-LLM's guided decoding inputs as TGI's `grammar`: type json means any JSON value."""
+    kind = tensor("guided_decoding_guide_type")
+    if kind is None:
+        return None
+    kind = _prompt_like("guided_decoding_guide_type", kind).strip().lower()
+    guide = tensor("guided_decoding_guide")
+    value = _prompt_like("guided_decoding_guide", guide) if guide is not None else None
+    if kind in ("", "none"):
+        return None
+    if kind == "json" and not value:
+        value = "{}"
+    return {"type": kind, "value": value}
 
 
 def _parameters(raw: str | Mapping[str, Any] | None) -> dict[str, Any]:

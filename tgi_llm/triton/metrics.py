@@ -30,6 +30,10 @@ _COUNTERS = {
     # vLLM's names (TGI has none): what inference gateways and dashboards already read.
     "vllm:prefix_cache_queries": "Prompt tokens looked up in the prefix cache",
     "vllm:prefix_cache_hits": "Prompt tokens found in the prefix cache (their K/V was not computed again)",
+    "tgi_grammar_requests": "Requests with a grammar (structured output, tool calls)",
+    "tgi_grammar_compiled": "Grammars compiled (the others came from the cache)",
+    "tgi_grammar_cache_hits": "Grammars found compiled in the cache",
+    "tgi_grammar_compile_seconds": "Seconds spent compiling grammars",
 }
 _GAUGES = {
     "tgi_queue_size": "Requests waiting to be admitted into the batch",
@@ -52,6 +56,7 @@ _HISTOGRAMS = {
     "tgi_request_generated_tokens": "Tokens generated per request",
     "tgi_request_input_length": "Prompt tokens per request",
     "tgi_batch_forward_duration": "Seconds per forward pass, by method",
+    "tgi_grammar_mask_duration": "Seconds per step computing and applying grammar masks",
 }
 
 
@@ -72,7 +77,7 @@ class TgiMetrics:
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._gauge_values: dict[str, float] = {}
-        self._counter_totals: dict[str, int] = {}
+        self._counter_totals: dict[str, float] = {}
 
     def _metric(self, name: str, **labels: str) -> Any:
         key = (name, tuple(sorted(labels.items())))
@@ -116,17 +121,23 @@ class TgiMetrics:
         self._gauge("vllm:kv_cache_usage_perc", stats.kv_blocks_used / max(stats.kv_blocks_total, 1))
         self._advance("vllm:prefix_cache_queries", stats.prefix_cache_queried_tokens)
         self._advance("vllm:prefix_cache_hits", stats.prefix_cache_hit_tokens)
+        self._advance("tgi_grammar_requests", stats.grammar_requests)
+        self._advance("tgi_grammar_compiled", stats.grammar_compiled)
+        self._advance("tgi_grammar_cache_hits", stats.grammar_cache_hits)
+        self._advance("tgi_grammar_compile_seconds", stats.grammar_compile_s)
 
     def steps(self, steps: Iterable[StepStats]) -> None:
         counts: dict[str, int] = {}
         for step in steps:
             counts[step.method] = counts.get(step.method, 0) + 1
             self._metric("tgi_batch_forward_duration", method=step.method).observe(step.forward_s)
+            if step.grammar_mask_s:
+                self._metric("tgi_grammar_mask_duration").observe(step.grammar_mask_s)
         for method, n in counts.items():
             self._metric("tgi_batch_inference_count", method=method).increment(float(n))
             self._metric("tgi_batch_inference_success", method=method).increment(float(n))
 
-    def _advance(self, name: str, total: int) -> None:
+    def _advance(self, name: str, total: float) -> None:
         """A counter the engine keeps as a running total: add what it gained since the last reading."""
         delta = total - self._counter_totals.get(name, 0)
         if delta > 0:

@@ -1,0 +1,47 @@
+"""The grammar mask in the sampler: constrained rows keep exactly the allowed tokens, the others are left
+bit for bit as they were."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tgi_llm.engine.grammar import GrammarCompiler, GrammarSpec
+from tgi_llm.runner.grammar_mask import GrammarMasker
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_dir)
+
+
+def test_constrained_rows_keep_only_allowed_tokens_and_free_rows_are_untouched(tokenizer):
+    vocab = len(tokenizer)
+    compiler = GrammarCompiler(tokenizer, vocab, {tokenizer.eos_token_id})
+    digits = compiler.compile(GrammarSpec("regex", "[0-9]{2}")).matcher()
+    yes_no = compiler.compile(GrammarSpec("regex", "(yes|no)")).matcher()
+    logits = torch.randn(4, vocab, generator=torch.Generator().manual_seed(0))
+    before = logits.clone()
+    masker = GrammarMasker(vocab, frozenset({tokenizer.eos_token_id}))
+    masker.mask(logits, [1, 3], [digits, yes_no])
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    allowed_digits = {tokenizer.decode([t]) for t in torch.isfinite(logits[1]).nonzero().flatten().tolist()}
+    assert allowed_digits and all(text.isdigit() and len(text) <= 2 for text in allowed_digits)
+    allowed = torch.isfinite(logits[3]).nonzero().flatten().tolist()
+    assert {tokenizer.decode([t]) for t in allowed} <= {"y", "ye", "yes", "n", "no"}
+    assert torch.equal(logits[3][allowed], before[3][allowed])  # allowed tokens keep their logits
+    assert len(masker.mask_times_s) == 1
+
+
+def test_the_forced_end_after_a_complete_match_is_reported_done(tokenizer):
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    matcher = GrammarCompiler(tokenizer, vocab, {eos}).compile(GrammarSpec("regex", "no")).matcher()
+    masker = GrammarMasker(vocab, frozenset({eos}))
+    (no,) = tokenizer("no", add_special_tokens=False)["input_ids"]
+    assert masker.advance([matcher], [no]) == [False]  # complete, but the end is its own token
+    logits = torch.zeros(1, vocab)
+    masker.mask(logits, [0], [matcher])
+    assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
+    assert masker.advance([matcher], [eos]) == [True]
