@@ -192,3 +192,14 @@ def test_shared_system_prompt_cached_or_not_chunked_or_not_gives_the_reference_t
             assert cached == [0, 0]
         assert stats.kv_blocks_free == stats.kv_blocks_total
     assert all(s == samples["cache off"] for s in samples.values()), samples
+
+
+@pytest.mark.slow
+def test_min_new_tokens_holds_eos_back(default_llm):
+    prompt = chat(default_llm.tokenizer, "What is the capital of France?")
+    free = default_llm.generate([prompt], {"max_new_tokens": 40})[0]
+    assert free.finish_reason == "eos_token"  # the model's own answer is short
+    held = default_llm.generate([prompt], {"max_new_tokens": 40, "min_new_tokens": free.generated_tokens + 6})[0]
+    assert held.generated_tokens >= free.generated_tokens + 6
+    eos = default_llm.engine.eos_token_ids
+    assert not any(t in eos for t in held.token_ids[: free.generated_tokens + 6])

@@ -33,6 +33,9 @@ class StoppingParams:
     max_new_tokens: int
     stop_sequences: tuple[str, ...] = ()
     ignore_eos: bool = False
+    #: EOS and stop sequences do not end the request before this many tokens (vLLM's min_tokens,
+    #: TensorRT-LLM's min_length; TGI has none).
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -66,3 +66,18 @@ def test_only_a_bounded_tail_is_kept():
     assert checker.check(1, "ST") is None
     assert checker.check(1, "OP") == FinishReason.STOP_SEQUENCE
     assert checker.generated_tokens == 2_002
+
+
+def test_nothing_but_length_stops_before_min_new_tokens():
+    checker = StopChecker(EOS, StoppingParams(10, stop_sequences=("ab",), min_new_tokens=3))
+    assert _run(checker, [(2, ""), (10, "a"), (11, "b")]) == [None, None, None]  # EOS and "ab" too early
+    assert _run(checker, [(12, "a"), (13, "b")]) == [None, FinishReason.STOP_SEQUENCE]
+    spanning = StopChecker(EOS, StoppingParams(10, stop_sequences=("xy",), min_new_tokens=2))
+    assert _run(spanning, [(10, "q"), (11, "x"), (12, "y")]) == [None, None, FinishReason.STOP_SEQUENCE]
+    assert _run(StopChecker(EOS, StoppingParams(2, min_new_tokens=2)), [(2, ""), (2, "")]) == [
+        None, FinishReason.LENGTH]
+
+
+def test_a_completed_grammar_stops_even_when_eos_is_ignored():
+    checker = StopChecker(EOS, StoppingParams(10, ignore_eos=True))
+    assert checker.check(2, "", grammar_done=True) is FinishReason.EOS_TOKEN

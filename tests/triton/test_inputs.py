@@ -74,6 +74,30 @@ def test_vllm_sampling_parameters_json():
     assert parsed.params == {"max_new_tokens": 4, "top_p": 0.5}
 
 
+def test_vllm_sampling_parameters_written_as_strings_as_genai_perf_sends_them():
+    sampling = json.dumps({"max_tokens": "32", "temperature": "0.5", "min_tokens": "32", "ignore_eos": "true",
+                           "top_k": "-1", "stop": ["a"], "top_p": "oops"})
+    parsed = parse_request(tensors(text_input=text("x"), sampling_parameters=text(sampling)), None)
+    assert parsed.params == {"max_new_tokens": 32, "temperature": 0.5, "min_new_tokens": 32, "ignore_eos": True,
+                             "stop": ["a"], "top_p": "oops"}  # what does not parse is left for validation to name
+
+
+def test_minimum_lengths_under_vllm_and_tensorrt_llm_names():
+    assert parse_request(tensors(text_input=text("x"), min_length=np.array([7], dtype=np.int32)), None) \
+        .params["min_new_tokens"] == 7
+    assert parse_request(tensors(text_input=text("x")), json.dumps({"min_tokens": 3})).params == {"min_new_tokens": 3}
+
+
+def test_guided_decoding_tensors_become_tgis_grammar():
+    parsed = parse_request(tensors(text_input=text("x"), guided_decoding_guide_type=text("regex"),
+                                   guided_decoding_guide=text("[0-9]+")), None)
+    assert parsed.params["grammar"] == {"type": "regex", "value": "[0-9]+"}
+    any_json = parse_request(tensors(text_input=text("x"), guided_decoding_guide_type=text("json")), None)
+    assert any_json.params["grammar"] == {"type": "json", "value": "{}"}
+    none = parse_request(tensors(text_input=text("x"), guided_decoding_guide_type=text("None")), None)
+    assert "grammar" not in none.params
+
+
 @pytest.mark.parametrize(
     ("getter", "params", "field"),
     [

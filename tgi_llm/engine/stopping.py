@@ -32,7 +32,13 @@ class StopChecker:
         self.generated_tokens += 1
         if self.generated_tokens >= self.stopping.max_new_tokens:
             return FinishReason.LENGTH
-        if grammar_done or (not self.stopping.ignore_eos and token_id in self.eos_token_ids):
+        if grammar_done:
+            return FinishReason.EOS_TOKEN
+        if self.generated_tokens <= self.stopping.min_new_tokens:
+            if self._stops and new_text:  # still track the text, so a stop sequence can span the minimum
+                self._tail = (self._tail + new_text)[-self._keep:] if self._keep else ""
+            return None
+        if not self.stopping.ignore_eos and token_id in self.eos_token_ids:
             return FinishReason.EOS_TOKEN
         if self._stops and new_text:
             # Search only where a match would involve new text. TGI only looks for a stop sequence

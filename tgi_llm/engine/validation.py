@@ -16,7 +16,7 @@ _IGNORED = {"watermark", "adapter_id"}
 _KNOWN = {
     "best_of", "temperature", "repetition_penalty", "frequency_penalty", "top_k", "top_p", "typical_p",
     "do_sample", "max_new_tokens", "presence_penalty", "return_full_text", "stop", "truncate", "seed", "details",
-    "decoder_input_details", "top_n_tokens", "grammar", "ignore_eos", "stream",
+    "decoder_input_details", "top_n_tokens", "grammar", "ignore_eos", "stream", "min_new_tokens",
 } | _IGNORED
 _U64_MAX = 2**64 - 1
 
@@ -120,6 +120,11 @@ class Validator:
             )
         if max_new_tokens is None:
             max_new_tokens = lim.max_total_tokens - input_length  # "up to the limit", as TGI v3
+        min_new_tokens = _integer(params, "min_new_tokens") or 0
+        if not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValidationError(
+                f"`min_new_tokens` must be >= 0 and <= `max_new_tokens` ({max_new_tokens}). Given: {min_new_tokens}"
+            )
         if input_length + max_new_tokens > lim.max_total_tokens:
             raise ValidationError(
                 f"`inputs` tokens + `max_new_tokens` must be <= {lim.max_total_tokens}. "
@@ -129,7 +134,8 @@ class Validator:
             input_ids=tuple(input_ids),
             sampling=sampling,
             stopping=StoppingParams(
-                max_new_tokens=max_new_tokens, stop_sequences=stop, ignore_eos=_flag(params, "ignore_eos")
+                max_new_tokens=max_new_tokens, stop_sequences=stop, ignore_eos=_flag(params, "ignore_eos"),
+                min_new_tokens=min_new_tokens,
             ),
             top_n_tokens=top_n_tokens,
             details=_flag(params, "details"),

@@ -26,9 +26,10 @@ DONE = b"data: [DONE]\n\n"
 
 
 def event(data: Any) -> bytes:
-    """One SSE event as TGI's axum router writes it: `data:` then compact JSON."""
+    """One SSE event: `data: ` then compact JSON. TGI's axum router writes no space after the colon; strict
+    parsers (genai-perf's) expect one, and every SSE parser strips one, so TGI's clients read both."""
     payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"), ensure_ascii=False)
-    return f"data:{payload}\n\n".encode()
+    return f"data: {payload}\n\n".encode()
 
 
 def error_event(err: FrontError) -> bytes:

@@ -40,6 +40,8 @@ INPUTS: list[tuple[str, str, list[int]]] = [
     ("truncate", "TYPE_INT32", [1]),
     ("decoder_input_details", "TYPE_BOOL", [1]),
     ("ignore_eos", "TYPE_BOOL", [1]),
+    ("min_tokens", "TYPE_INT32", [1]),
+    ("min_length", "TYPE_INT32", [1]),
     ("sampling_parameters", "TYPE_STRING", [1]),
     # Structured output, as TensorRT-LLM and Triton's OpenAI front end name it: json (any JSON value),
     # json_schema, regex or ebnf_grammar, and the guide (schema, expression, grammar) itself.

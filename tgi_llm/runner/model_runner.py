@@ -48,7 +48,8 @@ class ModelRunner:
         self.device = device
         self.sampler = Sampler()
         self.states = RequestStates(vocab_size, device)
-        self.grammar = GrammarMasker(vocab_size, frozenset(eos_token_ids))
+        self.eos_token_ids = frozenset(t for t in eos_token_ids if 0 <= t < vocab_size)
+        self.grammar = GrammarMasker(vocab_size, self.eos_token_ids)
         if device.type == "cpu" and keep_freed_memory_in_heap():
             logger.info("glibc malloc: large blocks kept in the heap (no page faults per forward)")
 
@@ -91,6 +92,7 @@ class ModelRunner:
         params = [s.request.sampling for s in states]
         top_n = max(s.request.top_n_tokens for s in states)
         penalties = self.states.penalties
+        self._hold_eos(logits, entries, states)
         constrained = [j for j, s in enumerate(states) if s.matcher is not None]
         if constrained:
             self.grammar.mask(logits, constrained, [states[j].matcher for j in constrained])
@@ -113,6 +115,15 @@ class ModelRunner:
                 top_logprobs=top_lps[j][:n] if top_lps and n else [],
                 grammar_done=j in grammar_done,
             )
+
+    def _hold_eos(self, logits: torch.Tensor, entries: list, states: list) -> None:
+        """Rows that have not generated their min_new_tokens yet cannot pick an end-of-sequence token."""
+        early = [j for j, (e, s) in enumerate(zip(entries, states, strict=True))
+                 if e.end - s.request.input_length < s.request.stopping.min_new_tokens]
+        if early and self.eos_token_ids:
+            rows = torch.tensor(early, device=logits.device)[:, None]
+            cols = torch.tensor(sorted(self.eos_token_ids), device=logits.device)[None, :]
+            logits[rows, cols] = float("-inf")
 
     def close(self) -> None:
         self.kv_caches = []

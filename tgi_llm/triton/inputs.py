@@ -33,10 +33,13 @@ SCALAR_INPUTS: dict[str, str] = {
     "decoder_input_details": "decoder_input_details",
     "return_full_text": "return_full_text",
     "ignore_eos": "ignore_eos",
+    "min_tokens": "min_new_tokens",  # vLLM's name
+    "min_length": "min_new_tokens",  # TensorRT-LLM's
 }
 
 #: Triton's LLM names that mean a TGI parameter under another name (as request parameters too).
-PARAMETER_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens"}
+PARAMETER_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+                                     "min_length": "min_new_tokens"}
 
 #: Request parameters Triton itself may attach; never TGI parameters.
 _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
@@ -125,12 +128,34 @@ def _vllm_sampling_parameters(raw: str) -> dict[str, Any]:
         raise ValidationError(f"`sampling_parameters` must be a JSON object: {exc}") from None
     if not isinstance(values, dict):
         raise ValidationError("`sampling_parameters` must be a JSON object")
-    out = _parameters(values)
+    out = {key: _from_string(key, value) for key, value in _parameters(values).items()}
     if out.get("top_k") in (-1, 0):
         out.pop("top_k")
     if out.get("temperature") in (0, 0.0):
         out.pop("temperature")
     return out
+
+
+_INTEGERS = {"max_new_tokens", "min_new_tokens", "top_k", "seed", "top_n_tokens", "truncate", "best_of", "n"}
+_FLOATS = {"temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
+_FLAGS = {"ignore_eos", "do_sample", "details", "decoder_input_details", "return_full_text", "skip_special_tokens"}
+
+
+def _from_string(key: str, value: Any) -> Any:
+    """Triton's vLLM backend accepts numbers and flags written as strings ({"max_tokens": "32"}); tools built
+    for it (genai-perf) send them so. A string that does not parse stays a string: validation names it."""
+    if not isinstance(value, str):
+        return value
+    try:
+        if key in _INTEGERS:
+            return int(value)
+        if key in _FLOATS:
+            return float(value)
+    except ValueError:
+        return value
+    if key in _FLAGS and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    return value
 
 
 def _prompt(value: np.ndarray | None) -> str:
