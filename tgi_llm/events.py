@@ -27,6 +27,7 @@ class PrefillToken:
     id: int
     text: str
     logprob: float | None  # the first prompt token has no logprob, as in TGI
+    top: list[Token] = field(default_factory=list)  # the best alternatives there (top_n_tokens), best first
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ class FakeTritonClient:
                     top_tokens=token.top_tokens,
                     final=last,
                     finish_reason=("stop_sequence" if hit_stop else reason) if last else None,
-                    input_tokens=len(spec.inputs.split()) if last else None,
+                    input_tokens=(len(spec.inputs.split()) if isinstance(spec.inputs, str) else len(spec.inputs))
+                    if last else None,
                     generated_tokens=i + 1 if last else None,
                     seed=params.get("seed") if last and params.get("do_sample") else None,
                     prefill=[TokenInfo(1, "<s>", None), TokenInfo(2, "hi", -1.5)] if last else [],

@@ -113,8 +113,8 @@ def test_chat_stream_ends_with_done(client: TestClient) -> None:
 
 
 def test_chat_rejects_what_it_cannot_do(client: TestClient, fake: FakeTritonClient) -> None:
-    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 2})
-    assert r.status_code == 422 and r.json()["error_type"] == "validation"
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 9})
+    assert r.status_code == 422 and "`n` must be >= 1 and <= 8" in r.text
     assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 422
     assert fake.specs == []
 
@@ -126,3 +126,25 @@ def test_tools_become_a_grammar_and_their_descriptions_reach_the_prompt(client: 
     spec = fake.specs[-1]
     assert spec.parameters["grammar"]["value"]["properties"]["name"] == {"const": "lookup"}
     assert "Find a word" in spec.inputs  # the default model's template knows nothing of tools
+
+
+def test_n_choices_are_separate_generations_with_their_own_seeds(client: TestClient, fake: FakeTritonClient) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 3, "seed": 10, "temperature": 0.7})
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert [s.parameters["seed"] for s in fake.specs[-3:]] == [10, 11, 12]
+    r = client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "max_tokens": 2})
+    assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+    streamed = client.post("/v1/completions", json={"prompt": "a", "n": 2, "max_tokens": 2, "stream": True}).text
+    assert '"index":1' in streamed
+
+
+def test_token_id_prompts_and_max_tokens_zero(client: TestClient, fake: FakeTritonClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": [[5, 6, 7]], "max_tokens": 0, "echo": True})
+    assert r.status_code == 200
+    assert fake.specs[-1].inputs == [5, 6, 7] and fake.specs[-1].parameters["max_new_tokens"] == 1
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 0
+    r = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
+    assert fake.specs[-1].inputs == [1, 2]
+    assert client.post("/v1/completions", json={"prompt": [[]]}).status_code == 422

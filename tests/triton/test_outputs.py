@@ -47,7 +47,8 @@ def test_non_streaming_details_shape_as_tgi():
     assert strings(o[out.TOKEN_TEXTS]) == [" a", " b"]
     assert o[out.TOP_IDS].shape == (2, 2) and o[out.TOP_IDS].tolist() == [[10, 12], [11, 13]]
     assert o[out.PREFILL_IDS].tolist() == [1, 2, 3]
-    assert np.isnan(o[out.PREFILL_LOGPROBS][0]) and o[out.PREFILL_LOGPROBS][1] == np.float32(-1.5)
+    assert o[out.PREFILL_LOGPROBS].tolist() == [-1.5, -2.0]  # tokens 2 and 3: the first has no logprob
+    assert out.PREFILL_TOP_IDS not in o  # no top_n_tokens asked
     assert o[out.SEED].tolist() == [42]
 
 

@@ -40,7 +40,8 @@ def test_every_parameter_is_an_engine_option_or_an_adapter_setting():
 
 def test_declared_tensors_are_the_ones_the_adapter_reads_and_writes():
     declared_in = {name for name, _, _ in INPUTS}
-    read = set(SCALAR_INPUTS) | {"text_input", "stream", "stop", "exclude_input_in_output", "sampling_parameters",
+    read = set(SCALAR_INPUTS) | {"text_input", "input_ids", "stream", "stop", "exclude_input_in_output",
+                                 "sampling_parameters",
                                  "guided_decoding_guide_type", "guided_decoding_guide"}
     assert declared_in == read
     written = {v for k, v in vars(outputs).items() if k.isupper() and isinstance(v, str)}

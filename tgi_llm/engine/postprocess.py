@@ -57,7 +57,9 @@ class Postprocessor:
 
     def _prefill_tokens(self, seq: Sequence) -> list[PrefillToken]:
         lps: list[float | None] = [None, *seq.prompt_logprobs]
-        return [PrefillToken(i, self._piece(i), lp) for i, lp in zip(seq.request.input_ids, lps, strict=True)]
+        tops: list[list[Token]] = [[], *(self._top(t) for t in seq.prompt_top)] if seq.prompt_top else []
+        return [PrefillToken(i, self._piece(i), lp, tops[k] if tops else [])
+                for k, (i, lp) in enumerate(zip(seq.request.input_ids, lps, strict=True))]
 
     def _piece(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

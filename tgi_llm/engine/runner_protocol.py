@@ -20,6 +20,8 @@ class SeqResult:
     top_logprobs: list[float] = field(default_factory=list)
     #: Logprobs of the prompt tokens this chunk's rows predict (decoder_input_details), in order.
     prompt_logprobs: list[float] | None = None
+    #: With top_n_tokens: the best alternatives at each of those rows (ids, logprobs), best first.
+    prompt_top: list[tuple[list[int], list[float]]] | None = None
     #: The sampled token completed the request's grammar (the end-of-sequence it forces): the request ends.
     grammar_done: bool = False
 

@@ -196,6 +196,7 @@ class Scheduler:
             seq.num_computed = entry.end
             if result is not None and result.prompt_logprobs:
                 seq.prompt_logprobs.extend(result.prompt_logprobs)
+                seq.prompt_top.extend(result.prompt_top or [])
             if entry.samples:
                 assert result is not None, f"request {entry.request_id} sampled nothing"
                 seq.append_token(result.token_id, result.logprob, result.top_ids, result.top_logprobs,

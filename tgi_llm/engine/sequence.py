@@ -43,6 +43,7 @@ class Sequence:
     deltas: list[str] = field(default_factory=list)  # text each generated token added
     top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # when top_n_tokens
     prompt_logprobs: list[float] = field(default_factory=list)  # of prompt tokens 1.., decoder_input_details
+    prompt_top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # with top_n_tokens too
     text: str = ""
     finish_reason: FinishReason | None = None
     queued_at: float = field(default_factory=time.monotonic)

@@ -14,6 +14,7 @@ class InfoLimits:
     max_concurrent_requests: int = 128
     max_best_of: int = 2
     max_stop_sequences: int = 4
+    max_top_n_tokens: int = 5
     max_input_tokens: int | None = None
     max_total_tokens: int | None = None
     max_client_batch_size: int = 4

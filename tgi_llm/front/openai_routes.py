@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from tgi_llm.front.chat import render_chat
+from tgi_llm.front.completion_logprobs import completion_logprobs
 from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.generation import Generation, openai_finish_reason
 from tgi_llm.front.merge import merge_streams
@@ -43,10 +44,22 @@ from tgi_llm.front.state import FrontState, parse_body
 from tgi_llm.front.tgi_routes import peek
 from tgi_llm.front.tools import ToolCallStream, ToolPlan, call_id, parse_answer, plan_tools, tool_prompt
 
+#: Choices per request (OpenAI's `n`): each is its own generation; identical prompts share their KV blocks.
+MAX_N = 8
 
-def _check_common(req: SamplingRequest) -> None:
-    if req.n not in (None, 1):
-        raise validation(f"`n` must be 1. Given: {req.n}")
+
+def _choices(req: SamplingRequest) -> int:
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise validation(f"`n` must be >= 1 and <= {MAX_N}. Given: {n}")
+    return n
+
+
+def _choice_params(params: dict, n: int, k: int) -> dict:
+    """Choice k of n: sampled choices differ by seed (one seed given: seed, seed + 1, ...)."""
+    if n > 1 and params.get("do_sample") and params.get("seed") is not None:
+        return params | {"seed": params["seed"] + k}
+    return params
 
 
 def _usage(prompt: int, completion: int, cached: int = 0) -> Usage:
@@ -84,7 +97,6 @@ def build_router(state: FrontState) -> APIRouter:
     router = APIRouter()
 
     def chat_spec(req: ChatRequest) -> tuple[GenerateSpec, ToolPlan | None]:
-        _check_common(req)
         tools = plan_tools(req.tools, req.tool_choice)
         grammar = response_format_grammar(req.response_format)
         if tools is not None and grammar is not None:
@@ -101,13 +113,23 @@ def build_router(state: FrontState) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         req = await parse_body(request, ChatRequest)
+        n = _choices(req)
         spec, tools = chat_spec(req)
         stamp = _Stamp(state, "chatcmpl")
-        chunks = state.client.stream(spec, state.new_request_id())
+        streams = [state.client.stream(GenerateSpec(spec.inputs, _choice_params(spec.parameters, n, k), spec.stream),
+                                       state.new_request_id()) for k in range(n)]
         if req.stream:
-            first = await peek(chunks)
-            return SSEResponse(chat_events(req, tools, stamp, first, chunks))
-        gen = await until_disconnect(request, Generation.collect(chunks))
+            merged = merge_streams(streams)
+            first = await peek(merged)
+            return SSEResponse(chat_events(req, tools, stamp, first, merged))
+        gens = await until_disconnect(request, asyncio.gather(*(Generation.collect(s) for s in streams)))
+        body = ChatCompletion(
+            **stamp.fields, choices=[chat_choice(req, tools, k, g) for k, g in enumerate(gens)],
+            usage=_usage(gens[0].input_tokens, sum(g.generated_tokens for g in gens), gens[0].cached_tokens),
+        )
+        return JSONResponse(body.model_dump())
+
+    def chat_choice(req: ChatRequest, tools: ToolPlan | None, index: int, gen: Generation) -> ChatChoice:
         finish = openai_finish_reason(gen.finish_reason) or "length"
         message = ChatCompletionMessage(content=gen.text)
         answer = parse_answer(gen.text) if tools is not None else None
@@ -116,25 +138,17 @@ def build_router(state: FrontState) -> APIRouter:
             message, finish = ChatCompletionMessage(content=None, tool_calls=[call]), "tool_calls"
         elif answer is not None:
             message = ChatCompletionMessage(content=answer.content)
-        body = ChatCompletion(
-            **stamp.fields,
-            choices=[
-                ChatChoice(
-                    message=message,
-                    logprobs=_logprobs(gen.tokens, gen.top_tokens) if req.logprobs else None,
-                    finish_reason=finish,
-                )
-            ],
-            usage=_usage(gen.input_tokens, gen.generated_tokens, gen.cached_tokens),
-        )
-        return JSONResponse(body.model_dump())
+        return ChatChoice(index=index, message=message, finish_reason=finish,
+                          logprobs=_logprobs(gen.tokens, gen.top_tokens) if req.logprobs else None)
 
     async def chat_events(
-        req: ChatRequest, tools: ToolPlan | None, stamp: _Stamp, first: Chunk, rest: AsyncIterator[Chunk]
+        req: ChatRequest, tools: ToolPlan | None, stamp: _Stamp, first: tuple[int, Chunk],
+        rest: AsyncIterator[tuple[int, Chunk]],
     ) -> AsyncIterator[bytes]:
-        def chunk_event(text: str | None, tokens: list[TokenInfo], tops: list[list[TokenInfo]], finish: str | None,
-                        tool_calls: list | None = None) -> bytes:
+        def chunk_event(index: int, text: str | None, tokens: list[TokenInfo], tops: list[list[TokenInfo]],
+                        finish: str | None, tool_calls: list | None = None) -> bytes:
             choice = ChatChunkChoice(
+                index=index,
                 delta=ChatDelta(content=text, tool_calls=tool_calls),
                 logprobs=_logprobs(tokens, tops) if req.logprobs and tokens else None,
                 finish_reason=finish,
@@ -146,86 +160,111 @@ def build_router(state: FrontState) -> APIRouter:
                     del delta[key]
             return event(body)
 
-        calls = ToolCallStream() if tools is not None else None
+        calls: dict[int, ToolCallStream] = {}
+        usage = [0, 0, 0]
         try:
-            chunk: Chunk | None = first
-            while chunk is not None:
+            item: tuple[int, Chunk] | None = first
+            while item is not None:
+                k, chunk = item
                 finish = openai_finish_reason(chunk.finish_reason or "length") if chunk.final else None
-                if calls is not None:  # a tool call: its pieces as they form, the call or the text at the end
-                    for piece in calls.feed(chunk.text):
-                        yield chunk_event(None, [], [], None, [piece])
+                if tools is not None:  # a tool call: its pieces as they form, the call or the text at the end
+                    stream = calls.setdefault(k, ToolCallStream())
+                    for piece in stream.feed(chunk.text):
+                        yield chunk_event(k, None, [], [], None, [piece])
                     if chunk.final:
-                        pieces, answer = calls.finish()
+                        pieces, answer = stream.finish()
                         for piece in pieces:
-                            yield chunk_event(None, [], [], None, [piece])
+                            yield chunk_event(k, None, [], [], None, [piece])
                         if answer is not None and answer.is_call:
-                            yield chunk_event(None, [], [], "tool_calls")
+                            yield chunk_event(k, None, [], [], "tool_calls")
                         else:
-                            text = answer.content if answer is not None else calls.text
-                            yield chunk_event(text, [], [], finish)
+                            yield chunk_event(k, answer.content if answer is not None else stream.text, [], [], finish)
                 elif len(chunk.tokens) > 1:  # one event per token, as TGI streams
                     for i, tok in enumerate(chunk.tokens):
                         last = i == len(chunk.tokens) - 1
-                        tops = chunk.top_tokens[i : i + 1]
-                        yield chunk_event(tok.text, [tok], tops, finish if last else None)
+                        yield chunk_event(k, tok.text, [tok], chunk.top_tokens[i : i + 1], finish if last else None)
                 elif chunk.text or chunk.tokens or chunk.final:
-                    yield chunk_event(chunk.text, chunk.tokens, chunk.top_tokens, finish)
+                    yield chunk_event(k, chunk.text, chunk.tokens, chunk.top_tokens, finish)
                 if chunk.final:
-                    opts = req.stream_options
-                    if opts is not None and opts.include_usage:
-                        usage = _usage(chunk.input_tokens or 0, chunk.generated_tokens or 0, chunk.cached_tokens or 0)
-                        yield event(ChatCompletionChunk(**stamp.fields, choices=[], usage=usage).model_dump())
-                    yield DONE
-                    return
-                chunk = await anext(rest, None)
-            yield error_event(FrontError("Incomplete generation", "incomplete_generation"))
+                    usage = [chunk.input_tokens or 0, usage[1] + (chunk.generated_tokens or 0),
+                             chunk.cached_tokens or 0]
+                item = await anext(rest, None)
+            opts = req.stream_options
+            if opts is not None and opts.include_usage:
+                yield event(ChatCompletionChunk(**stamp.fields, choices=[], usage=_usage(*usage)).model_dump())
+            yield DONE
         except FrontError as err:
             yield error_event(err)
         finally:
             await rest.aclose()
 
+    def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+        raw = req.prompt
+        if isinstance(raw, str) or (raw and all(isinstance(t, int) for t in raw)):
+            prompts = [raw]  # one text, or one prompt as token ids
+        else:
+            prompts = list(raw)
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise validation("`prompt` cannot be empty")
+        limit = state.config.limits.max_client_batch_size
+        if len(prompts) > limit:
+            raise validation(f"Number of prompts exceeds the maximum allowed batch size of {limit}")
+        return prompts
+
+    def prompt_text(prompt: str | list[int]) -> str:
+        return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt, skip_special_tokens=False)
+
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         req = await parse_body(request, CompletionRequest)
-        _check_common(req)
-        prompts = [req.prompt] if isinstance(req.prompt, str) else list(req.prompt)
-        limit = state.config.limits.max_client_batch_size
-        if not prompts:
-            raise validation("`prompt` cannot be empty")
-        if len(prompts) > limit:
-            raise validation(f"Number of prompts exceeds the maximum allowed batch size of {limit}")
+        n = _choices(req)
+        prompts = completion_prompts(req)
         if req.suffix:
             raise validation("`suffix` is not supported")
+        if req.logprobs is not None and not 0 <= req.logprobs <= state.config.limits.max_top_n_tokens:
+            raise validation(f"`logprobs` must be >= 0 and <= {state.config.limits.max_top_n_tokens}. "
+                             f"Given: {req.logprobs}")
         params = req.to_engine() | {"details": True}
-        streams = [
-            state.client.stream(GenerateSpec(p, params, stream=req.stream), state.new_request_id()) for p in prompts
-        ]
+        nothing_new = req.max_tokens == 0  # legal in OpenAI's API: one token is generated and dropped
+        if nothing_new:
+            params["max_new_tokens"] = 1
+        if req.logprobs:
+            params["top_n_tokens"] = req.logprobs
+        if req.logprobs is not None and req.echo:
+            if req.stream:
+                raise validation("`echo` with `logprobs` is not supported when streaming")
+            params["decoder_input_details"] = True
+        streams = [state.client.stream(GenerateSpec(p, _choice_params(params, n, k), stream=req.stream),
+                                       state.new_request_id()) for p in prompts for k in range(n)]
         stamp = _Stamp(state, "cmpl")
+        texts = [prompt_text(p) for p in prompts for _ in range(n)]
         if req.stream:
             merged = merge_streams(streams)
             first = await peek(merged)
-            return SSEResponse(completion_events(req, prompts, stamp, first, merged))
+            return SSEResponse(completion_events(req, texts, stamp, first, merged))
         gens = await until_disconnect(request, asyncio.gather(*(Generation.collect(s) for s in streams)))
-        body = Completion(
-            **stamp.fields,
-            choices=[
-                CompletionChoice(
-                    index=i,
-                    text=(prompts[i] if req.echo else "") + g.text,
-                    finish_reason=openai_finish_reason(g.finish_reason),
-                )
-                for i, g in enumerate(gens)
-            ],
-            usage=_usage(sum(g.input_tokens for g in gens), sum(g.generated_tokens for g in gens),
-                         sum(g.cached_tokens for g in gens)),
-        )
+        choices = []
+        for i, g in enumerate(gens):
+            tokens, tops, text = (g.tokens, g.top_tokens, g.text) if not nothing_new else ([], [], "")
+            echo = texts[i] if req.echo else ""
+            logprobs = None
+            if req.logprobs is not None:
+                logprobs = completion_logprobs(g.prefill if req.echo else [], tokens, tops)
+            choices.append(CompletionChoice(index=i, text=echo + text, logprobs=logprobs,
+                                            finish_reason="length" if nothing_new
+                                            else openai_finish_reason(g.finish_reason)))
+        body = Completion(**stamp.fields, choices=choices,
+                          usage=_usage(sum(g.input_tokens for g in gens[::n]),
+                                       0 if nothing_new else sum(g.generated_tokens for g in gens),
+                                       sum(g.cached_tokens for g in gens[::n])))
         return JSONResponse(body.model_dump())
 
     async def completion_events(
-        req: CompletionRequest, prompts: list[str], stamp: _Stamp, first: tuple[int, Chunk],
+        req: CompletionRequest, texts: list[str], stamp: _Stamp, first: tuple[int, Chunk],
         rest: AsyncIterator[tuple[int, Chunk]],
     ) -> AsyncIterator[bytes]:
         usage = [0, 0, 0]
+        offsets = [len(t) if req.echo else 0 for t in texts]
         echoed: set[int] = set()
         try:
             item: tuple[int, Chunk] | None = first
@@ -234,10 +273,14 @@ def build_router(state: FrontState) -> APIRouter:
                 text = chunk.text
                 if req.echo and i not in echoed:
                     echoed.add(i)
-                    text = prompts[i] + text
+                    text = texts[i] + text
                 finish = openai_finish_reason(chunk.finish_reason or "length") if chunk.final else None
+                logprobs = None
+                if req.logprobs is not None and chunk.tokens:
+                    logprobs = completion_logprobs([], chunk.tokens, chunk.top_tokens, offsets[i])
+                    offsets[i] += sum(len(t.text) for t in chunk.tokens)
                 if text or finish:
-                    choice = CompletionChoice(index=i, text=text, finish_reason=finish)
+                    choice = CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=finish)
                     yield event(Completion(**stamp.fields, choices=[choice]).model_dump(exclude={"usage"}))
                 if chunk.final:
                     usage[0] += chunk.input_tokens or 0

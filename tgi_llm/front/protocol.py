@@ -13,13 +13,14 @@ class TokenInfo:
     text: str
     logprob: float | None
     special: bool = False
+    top: list[TokenInfo] = field(default_factory=list)  # prompt tokens: the best alternatives there
 
 
 @dataclass(frozen=True)
 class GenerateSpec:
     """What the front asks Triton for: the prompt and TGI parameters (names as TGI's GenerateParameters)."""
 
-    inputs: str
+    inputs: str | list[int]  # text, or token ids (sent as the model's input_ids)
     parameters: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
 

@@ -220,7 +220,8 @@ class ChatRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: str | list[str]
+    #: Text, texts, token ids, or lists of token ids (lm-eval's tokenized requests).
+    prompt: str | list[str] | list[int] | list[list[int]]
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None

@@ -23,6 +23,9 @@ from tgi_llm.triton.outputs import (  # the names the model's responses use
     PREFILL_IDS,
     PREFILL_LOGPROBS,
     PREFILL_TEXTS,
+    PREFILL_TOP_IDS,
+    PREFILL_TOP_LOGPROBS,
+    PREFILL_TOP_TEXTS,
     SEED,
     TEXT,
     TOKEN_IDS,
@@ -47,6 +50,12 @@ def _bool_tensor(name: str, value: bool) -> service_pb2.ModelInferRequest.InferI
     return tensor
 
 
+def _ids_tensor(ids: list[int]) -> service_pb2.ModelInferRequest.InferInputTensor:
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64", shape=[len(ids)])
+    tensor.contents.int64_contents.extend(ids)
+    return tensor
+
+
 def _u64_tensor(name: str, value: int) -> service_pb2.ModelInferRequest.InferInputTensor:
     tensor = service_pb2.ModelInferRequest.InferInputTensor(name=name, datatype="UINT64", shape=[1])
     tensor.contents.uint64_contents.append(value)
@@ -58,9 +67,10 @@ def encode_request(model_name: str, spec: GenerateSpec, request_id: str) -> serv
     params = dict(spec.parameters)
     stop = params.pop("stop", None)
     seed = params.pop("seed", None)
+    prompt = _bytes_tensor("text_input", [spec.inputs]) if isinstance(spec.inputs, str) else _ids_tensor(spec.inputs)
     request.inputs.extend(
         [
-            _bytes_tensor("text_input", [spec.inputs]),
+            prompt,
             _bool_tensor("stream", spec.stream),
             _bool_tensor("exclude_input_in_output", True),  # the front adds the prompt itself when asked
         ]
@@ -130,13 +140,14 @@ def _tokens(result: InferResult, ids: str, texts: str, logprobs: str, special: s
     return out
 
 
-def _top_tokens(result: InferResult) -> list[list[TokenInfo]]:
-    ids = result.as_numpy(TOP_IDS)
+def _top_tokens(result: InferResult, names: tuple[str, str, str] = (TOP_IDS, TOP_TEXTS, TOP_LOGPROBS)
+                ) -> list[list[TokenInfo]]:
+    ids = result.as_numpy(names[0])
     if ids is None or ids.size == 0:
         return []
     ids = ids.reshape(ids.shape[0] if ids.ndim > 1 else 1, -1)
-    texts = result.as_numpy(TOP_TEXTS)
-    lps = result.as_numpy(TOP_LOGPROBS)
+    texts = result.as_numpy(names[1])
+    lps = result.as_numpy(names[2])
     texts = texts.reshape(ids.shape) if texts is not None else None
     lps = lps.reshape(ids.shape) if lps is not None else None
     return [
@@ -171,8 +182,22 @@ def decode_response(result: InferResult, final: bool) -> Chunk:
         generated_tokens=int(n_out) if n_out is not None else None,
         cached_tokens=int(n_cached) if n_cached is not None else None,
         seed=int(seed) if seed is not None and final else None,
-        prefill=_tokens(result, PREFILL_IDS, PREFILL_TEXTS, PREFILL_LOGPROBS, None) if final else [],
+        prefill=_prefill(result) if final else [],
     )
+
+
+def _prefill(result: InferResult) -> list[TokenInfo]:
+    """The prompt tokens; their logprobs (and best alternatives) come for tokens 2.. only."""
+    tokens = _tokens(result, PREFILL_IDS, PREFILL_TEXTS, PREFILL_LOGPROBS, None)
+    if not tokens:
+        return []
+    lps = _array(result, PREFILL_LOGPROBS)
+    tops = _top_tokens(result, (PREFILL_TOP_IDS, PREFILL_TOP_TEXTS, PREFILL_TOP_LOGPROBS))
+    out = [TokenInfo(tokens[0].id, tokens[0].text, None)]
+    for i, t in enumerate(tokens[1:]):
+        lp = float(lps[i]) if lps is not None and i < lps.size else None
+        out.append(TokenInfo(t.id, t.text, lp, top=tops[i] if i < len(tops) else []))
+    return out
 
 
 def merge_final(first: Chunk, second: Chunk) -> Chunk:

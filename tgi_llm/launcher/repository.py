@@ -16,10 +16,11 @@ MODEL_PY = '''"""Triton model `tgi_llm`: the adapter lives in the tgi_llm packag
 from tgi_llm.triton.model import TritonPythonModel  # noqa: F401
 '''
 
-#: (name, Triton type, dims). Every input but text_input is optional; names follow Triton's vLLM and
+#: (name, Triton type, dims). All optional (a prompt is text_input or input_ids); names follow Triton's vLLM and
 #: TensorRT-LLM models, with TGI's parameter names beside them.
 INPUTS: list[tuple[str, str, list[int]]] = [
     ("text_input", "TYPE_STRING", [1]),
+    ("input_ids", "TYPE_INT64", [-1]),  # the prompt as token ids (lm-eval's tokenized requests)
     ("stream", "TYPE_BOOL", [1]),
     ("exclude_input_in_output", "TYPE_BOOL", [1]),
     ("return_full_text", "TYPE_BOOL", [1]),
@@ -66,6 +67,9 @@ OUTPUTS: list[tuple[str, str, list[int]]] = [
     ("prefill_token_ids", "TYPE_INT64", [-1]),
     ("prefill_token_texts", "TYPE_STRING", [-1]),
     ("prefill_token_logprobs", "TYPE_FP32", [-1]),
+    ("prefill_top_token_ids", "TYPE_INT64", [-1, -1]),
+    ("prefill_top_token_texts", "TYPE_STRING", [-1, -1]),
+    ("prefill_top_token_logprobs", "TYPE_FP32", [-1, -1]),
 ]
 
 #: The `parameters` block: EngineOptions / LimitOptions fields (empty = derive as TGI does) and the
@@ -111,7 +115,7 @@ def _quote(value: str) -> str:
 
 def render_config(parameters: Mapping[str, str] | None = None, name: str = MODEL_NAME) -> str:
     params = dict(DEFAULT_PARAMETERS) | {k: str(v) for k, v in (parameters or {}).items()}
-    inputs = ",\n".join(_tensor(n, t, d, n != "text_input") for n, t, d in INPUTS)
+    inputs = ",\n".join(_tensor(n, t, d, True) for n, t, d in INPUTS)
     outputs = ",\n".join(_tensor(n, t, d, False) for n, t, d in OUTPUTS)
     params_text = "\n".join(
         f"parameters {{\n  key: {_quote(k)}\n  value: {{ string_value: {_quote(v)} }}\n}}" for k, v in params.items()

@@ -77,11 +77,10 @@ class ModelRunner:
         for i, offset, rows in batch.prompt_logprob_rows:
             entry = plan.seqs[i]
             targets = entry.request.input_ids[entry.start + 1 : entry.start + 1 + rows]
-            lps = _logprobs_of(logits[offset : offset + rows], targets)
+            lps, top = _prompt_logprobs(logits[offset : offset + rows], targets, entry.request.top_n_tokens)
             if results[i] is None:
-                results[i] = SeqResult(prompt_logprobs=lps)
-            else:
-                results[i].prompt_logprobs = lps
+                results[i] = SeqResult()
+            results[i].prompt_logprobs, results[i].prompt_top = lps, top
         return results
 
     def _sample(self, plan: StepPlan, seq_indices: list[int], logits: torch.Tensor,
@@ -129,6 +128,14 @@ class ModelRunner:
         self.kv_caches = []
 
 
-def _logprobs_of(logits: torch.Tensor, targets: tuple[int, ...]) -> list[float]:
+def _prompt_logprobs(logits: torch.Tensor, targets: tuple[int, ...], top_n: int
+                     ) -> tuple[list[float], list[tuple[list[int], list[float]]] | None]:
+    """Each prompt token's logprob given its prefix, and with top_n the best alternatives at each row (from
+    the same log_softmax, so a token that is the argmax has exactly the top logprob)."""
     index = torch.tensor(targets, dtype=torch.long, device=logits.device)
-    return torch.log_softmax(logits, dim=-1).gather(1, index[:, None]).squeeze(1).tolist()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(1, index[:, None]).squeeze(1).tolist()
+    if not top_n:
+        return chosen, None
+    best = torch.topk(logprobs, min(top_n, logprobs.shape[-1]), dim=-1)
+    return chosen, list(zip(best.indices.tolist(), best.values.tolist(), strict=True))

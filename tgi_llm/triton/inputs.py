@@ -47,7 +47,7 @@ _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority
 
 @dataclass(frozen=True)
 class ParsedRequest:
-    inputs: str
+    inputs: str | list[int]
     params: dict[str, Any] = field(default_factory=dict)
     stream: bool = False
 
@@ -85,7 +85,9 @@ def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | No
         if not isinstance(exclude, bool):
             raise ValidationError(f"`exclude_input_in_output` must be a boolean. Given: {exclude!r}")
         params["return_full_text"] = not exclude
-    return ParsedRequest(inputs=_prompt(tensor("text_input")), params=params, stream=stream)
+    ids = tensor("input_ids")
+    inputs = [int(i) for i in np.asarray(ids).reshape(-1)] if ids is not None else _prompt(tensor("text_input"))
+    return ParsedRequest(inputs=inputs, params=params, stream=stream)
 
 
 def _guided_decoding(tensor: TensorGetter) -> dict[str, Any] | None:
@@ -160,7 +162,7 @@ def _from_string(key: str, value: Any) -> Any:
 
 def _prompt(value: np.ndarray | None) -> str:
     if value is None:
-        raise ValidationError("`text_input` is required")
+        raise ValidationError("`text_input` (or `input_ids`) is required")
     return _prompt_like("text_input", value)
 
 

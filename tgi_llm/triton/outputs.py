@@ -30,7 +30,10 @@ TOP_TEXTS = "top_token_texts"
 TOP_LOGPROBS = "top_token_logprobs"
 PREFILL_IDS = "prefill_token_ids"
 PREFILL_TEXTS = "prefill_token_texts"
-PREFILL_LOGPROBS = "prefill_token_logprobs"
+PREFILL_LOGPROBS = "prefill_token_logprobs"  # of prompt tokens 1..n-1 (the first has none)
+PREFILL_TOP_IDS = "prefill_top_token_ids"  # [n-1, top_n_tokens], aligned with prefill_token_logprobs
+PREFILL_TOP_TEXTS = "prefill_top_token_texts"
+PREFILL_TOP_LOGPROBS = "prefill_top_token_logprobs"
 
 
 def _strings(values: Sequence[str]) -> np.ndarray:
@@ -46,7 +49,8 @@ def _tokens(tokens: Sequence[Token]) -> Outputs:
     }
 
 
-def _top_tokens(rows: Sequence[Sequence[Token]]) -> Outputs:
+def _top_tokens(rows: Sequence[Sequence[Token]], names: tuple[str, str, str] = (TOP_IDS, TOP_TEXTS, TOP_LOGPROBS)
+                ) -> Outputs:
     """[tokens, n] arrays; rows are as wide as the widest one (padding never happens in practice:
     the engine returns exactly top_n_tokens alternatives per step)."""
     width = max((len(r) for r in rows), default=0)
@@ -58,16 +62,17 @@ def _top_tokens(rows: Sequence[Sequence[Token]]) -> Outputs:
     for r, row in enumerate(rows):
         for c, t in enumerate(row):
             ids[r, c], lps[r, c], texts[r, c] = t.id, t.logprob, t.text.encode("utf-8")
-    return {TOP_IDS: ids, TOP_TEXTS: texts, TOP_LOGPROBS: lps}
+    return dict(zip(names, (ids, texts, lps), strict=True))
 
 
 def _prefill(tokens: Sequence[PrefillToken]) -> Outputs:
     return {
         PREFILL_IDS: np.array([t.id for t in tokens], dtype=np.int64),
         PREFILL_TEXTS: _strings([t.text for t in tokens]),
-        # The first prompt token has no logprob: NaN, as a float tensor cannot hold None.
-        PREFILL_LOGPROBS: np.array([np.nan if t.logprob is None else t.logprob for t in tokens], dtype=np.float32),
-    }
+        # From the second token on: the first has none, and a NaN would make the generate extension's JSON
+        # invalid (it writes a bare NaN).
+        PREFILL_LOGPROBS: np.array([t.logprob for t in tokens[1:]], dtype=np.float32),
+    } | _top_tokens([t.top for t in tokens[1:]], (PREFILL_TOP_IDS, PREFILL_TOP_TEXTS, PREFILL_TOP_LOGPROBS))
 
 
 def token_outputs(event: TokenEvent, prefix: str = "", details: bool = False) -> Outputs:
