@@ -1,0 +1,62 @@
+"""A linear layer over a weight-only quantized weight: the C kernel for a few tokens, a dequantized GEMM for many.
+
+At decode batch sizes the weights' bytes bound the step and the kernel reads 4-8 bits per weight. A
+prefill of hundreds of tokens is compute-bound: there the weight is dequantized (exactly, in row chunks,
+a few hundred microseconds a layer) and multiplied by the float GEMM, whose arithmetic the kernel cannot
+beat. Without the C kernels both paths dequantize in torch (correct, slower).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tgi_llm.quant.formats import QuantizedWeight
+from tgi_llm.quant.kernels import quant_kernels
+
+#: Tokens from which a dequantized GEMM beats the kernel (docs/PERFORMANCE.md: the crossover on Zen 3 / Zen 5).
+GEMM_MIN_TOKENS = 48
+#: Dequantize at most this many float32 bytes at a time (the LM head alone is 113 MB dequantized).
+CHUNK_BYTES = 16 << 20
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T (+ b) with W held only as `QuantizedWeight` (no float copy). The weight is a plain
+    attribute, not a buffer, so `Module.to(dtype)` leaves its codes and float16 scales alone."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.qweight = weight.contiguous()
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.kernels = quant_kernels()
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.nbytes
+
+    def dense_weight(self) -> torch.Tensor:
+        return self.qweight.dequantize()
+
+    def _dequantized_chunks(self):
+        w = self.qweight
+        step = max(1, CHUNK_BYTES // (4 * w.in_features))
+        for start in range(0, w.out_features, step):
+            stop = min(start + step, w.out_features)
+            if self.kernels is not None:
+                yield start, stop, self.kernels.dequantize(w, start, stop)
+            else:
+                yield start, stop, w.dequantize(slice(start, stop))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, dtype = x.shape, x.dtype
+        x2 = x.reshape(-1, shape[-1]).float()
+        if self.kernels is not None and x2.shape[0] < GEMM_MIN_TOKENS:
+            y = self.kernels.linear(x2, self.qweight)
+        else:
+            y = torch.empty(x2.shape[0], self.qweight.out_features, dtype=torch.float32)
+            for start, stop, w in self._dequantized_chunks():
+                y[:, start:stop] = F.linear(x2, w)
+        if self.bias is not None:
+            y += self.bias
+        return y.to(dtype).view(*shape[:-1], -1)
