@@ -74,10 +74,16 @@ class WeightLoader:
         return torch.cat([self.floats.load_sharded(n, dim, self.shard) for n in names], dim=0)
 
     def _quantize(self, weight: torch.Tensor, head: bool = False) -> QuantizedWeight:
-        q = self.quantization
-        if q.mode == "int8" or head:  # int4 keeps the LM head (and tied embedding) int8, as Q4 GGUFs do
-            return quantize_int8(weight, q.group if q.mode == "int8" else None)
-        return quantize_int4(weight, q.group)
+        """int4 keeps the LM head (and tied embedding) int8 in groups of 32, as Q4 GGUF files keep theirs
+        in Q6_K/Q8_0: it is the most sensitive matrix and decides every token."""
+        q, k = self.quantization, weight.shape[1]
+        group = 32 if head and q.mode == "int4" else q.group
+        if k % group:
+            raise ValueError(f"--quantize-group-size {group} does not divide the input size {k} of a "
+                             f"{tuple(weight.shape)} weight; choose a divisor of it")
+        if q.mode == "int8" or head:
+            return quantize_int8(weight, group)
+        return quantize_int4(weight, group)
 
     def linear_weight(self, prefixes: list[str], parallel: Parallel) -> torch.Tensor | QuantizedWeight:
         dim = _SPLIT_DIM[parallel]

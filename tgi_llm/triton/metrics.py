@@ -35,6 +35,7 @@ _GAUGES = {
     "tgi_kv_blocks_total": "KV-cache blocks in the pool",
     "tgi_kv_blocks_used": "KV-cache blocks held by requests",
     "tgi_kv_blocks_free": "KV-cache blocks free",
+    "tgi_memory_bytes": "Bytes held by the model process at start-up, by kind (weights, kv_cache, other)",
 }
 _HISTOGRAMS = {
     "tgi_request_duration": "Seconds from request received to its final response",
@@ -101,6 +102,11 @@ class TgiMetrics:
         self._gauge("tgi_kv_blocks_total", stats.kv_blocks_total)
         self._gauge("tgi_kv_blocks_used", stats.kv_blocks_used)
         self._gauge("tgi_kv_blocks_free", stats.kv_blocks_free)
+
+    def memory(self, account: Any) -> None:
+        """A tgi_llm.memory.MemoryAccount: weights, the KV pool, and the rest of the resident memory."""
+        for kind, value in (("weights", account.weights), ("kv_cache", account.kv_cache), ("other", account.other)):
+            self._metric("tgi_memory_bytes", kind=kind).set(float(value))
 
     def steps(self, steps: Iterable[StepStats]) -> None:
         counts: dict[str, int] = {}
