@@ -50,3 +50,16 @@ def test_malformed_layouts_are_refused():
         QuantizedWeight("q4", codes, scales, None, 32, 64)
     with pytest.raises(ValueError, match="codes must be"):
         QuantizedWeight("q8", codes, scales, None, 32, 64)
+
+
+def test_x8_byte_order_holds_the_same_weights():
+    w = quantize_int4(torch.randn(6, 192, generator=torch.Generator().manual_seed(4)), 64)
+    x8 = w.with_order("x8")
+    assert x8.codes.shape == w.codes.shape and not torch.equal(x8.codes, w.codes)
+    assert torch.equal(x8.dequantize(), w.dequantize())
+    assert torch.equal(x8.with_order("gguf").codes, w.codes)
+    assert torch.equal(x8.rows(slice(1, 4)).dequantize(), w.dequantize()[1:4])
+    assert torch.equal(x8.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
+    assert torch.equal(x8.columns(128, 192).dequantize(), w.dequantize()[:, 128:192])
+    with pytest.raises(ValueError, match="byte order"):
+        quantize_int4(torch.randn(2, 96), 32).with_order("x8")

@@ -16,6 +16,8 @@ needs_kernel = pytest.mark.skipif(kernel is None, reason="no C compiler: the tor
 LAYOUTS = [
     ("int4 g32", lambda w: quantize_int4(w, 32)),
     ("int4 g64 fp32 scales", lambda w: quantize_int4(w * 1e5, 64)),  # scales past float16's range
+    ("int4 g32 x8 order", lambda w: quantize_int4(w, 32).with_order("x8") if w.shape[1] % 64 == 0 else None),
+    ("int4 g128 x8 order", lambda w: quantize_int4(w, 128).with_order("x8") if w.shape[1] % 128 == 0 else None),
     ("int8 per channel", lambda w: quantize_int8(w)),
     ("int8 g16", lambda w: quantize_int8(w, 16)),
 ]
@@ -28,6 +30,8 @@ LAYOUTS = [
 def test_linear_matches_float64_reference(name, make, n, k, m):
     gen = torch.Generator().manual_seed(n * 1000 + k + m)
     w = make(torch.randn(n, k, generator=gen))
+    if w is None:
+        pytest.skip(f"{name} needs in_features divisible by its block")
     x = torch.randn(m, k, generator=gen)
     want = (x.double() @ w.dequantize().double().T).float()
     scale = want.abs().max().item() + 1
@@ -38,6 +42,7 @@ def test_linear_matches_float64_reference(name, make, n, k, m):
 @pytest.mark.parametrize(("name", "make"), LAYOUTS)
 def test_dequantize_is_bit_exact_with_torch(name, make):
     w = make(torch.randn(45, 256, generator=torch.Generator().manual_seed(3)))
+    assert w is not None
     assert torch.equal(kernel.dequantize(w), w.dequantize())
     assert torch.equal(kernel.dequantize(w, 7, 30), w.dequantize()[7:30])
 
@@ -46,7 +51,7 @@ def test_dequantize_is_bit_exact_with_torch(name, make):
 def test_strided_rows_and_batch_independence():
     """Rows of a wider activation (a view) work, and a row's result does not depend on its batch-mates."""
     gen = torch.Generator().manual_seed(5)
-    w = quantize_int4(torch.randn(96, 128, generator=gen))
+    w = quantize_int4(torch.randn(96, 128, generator=gen)).with_order("x8")
     wide = torch.randn(7, 200, generator=gen)
     x = wide[:, 10:138]
     together = kernel.linear(x, w)
@@ -87,3 +92,13 @@ def test_a_failed_build_means_the_torch_path(monkeypatch, caplog):
     monkeypatch.delenv("TGI_LLM_QUANT_KERNELS", raising=False)
     assert kernels_mod.quant_kernels() is None
     assert "no compiler here" in caplog.text
+
+
+@needs_kernel
+def test_quant_linear_uses_the_kernels_byte_order_and_the_tied_table_follows(tiny_model_factory):
+    from tgi_llm.models import load_model
+    from tgi_llm.quant.modes import Quantization
+
+    model, _ = load_model(tiny_model_factory("llama", tie_word_embeddings=True), quantization=Quantization("int4"))
+    assert model.layers[0].gate_up.qweight.order == "x8"  # in_features 64: the x8 order applies
+    assert model.embed_quant.codes.data_ptr() == model.lm_head_quant.qweight.codes.data_ptr()

@@ -156,6 +156,8 @@ class LlamaForCausalLM(nn.Module):
         head = embed if tied else weights.vocab("lm_head.weight")
         # The LM head as a quantized linear shares the tied embedding's codes: the weights are held once.
         self.lm_head_quant = QuantLinear(head, None) if isinstance(head, QuantizedWeight) else None
+        if tied and self.lm_head_quant is not None:
+            self.embed_quant = self.lm_head_quant.qweight  # the head may have reordered the codes: keep one
         if self.lm_head_quant is None:
             self.lm_head = self.embed_tokens if tied else nn.Parameter(head, requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)

@@ -77,7 +77,7 @@ class WeightLoader:
         """int4 keeps the LM head (and tied embedding) int8 in groups of 32, as Q4 GGUF files keep theirs
         in Q6_K/Q8_0: it is the most sensitive matrix and decides every token."""
         q, k = self.quantization, weight.shape[1]
-        group = 32 if head and q.mode == "int4" else q.group
+        group = 32 if head and q.mode == "int4" else q.group or 32
         if k % group:
             raise ValueError(f"--quantize-group-size {group} does not divide the input size {k} of a "
                              f"{tuple(weight.shape)} weight; choose a divisor of it")

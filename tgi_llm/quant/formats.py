@@ -10,6 +10,11 @@ of kernels serves them all:
 - ``q8``: signed 8-bit codes, w = q * scale per group (symmetric). Q8_0 (group 32) and Q6_K (codes
   -32..31, scale d * sub-scale per 16) are this layout, again exactly.
 
+q4 codes have a second byte order, ``x8`` (QuantLinear switches to it when the C kernels serve): per 64
+weights, 8 little-endian 32-bit words, nibble i of word j holding weight 8i + j. Then `(word >> 4i) & 15`
+turns 8 codes into 8 lanes with two plain vector ops, no byte shuffles, which is what bounds the
+GGUF-order kernel on AVX2 (its byte-to-lane widening runs on one shuffle port).
+
 Scales are float16 where the source's are (GGUF's d and m) and float32 where a product of two scales
 is exact only there (K-quants). Dequantizing here is exact: the products q * scale are exact in float32
 and each weight is rounded once, as gguf-py (and so transformers' GGUF loader) rounds it.
@@ -37,6 +42,7 @@ class QuantizedWeight:
     group: int
     in_features: int
     source: str = ""  # what it came from ("Q4_1", "int4", ...), for logs and the memory account
+    order: str = "gguf"  # q4 code byte order: "gguf" (as in the file) or "x8" (see above)
 
     def __post_init__(self) -> None:
         n, k, g = self.out_features, self.in_features, self.group
@@ -53,6 +59,8 @@ class QuantizedWeight:
         if tuple(self.scales.shape) != (n, k // g) or self.scales.dtype not in (torch.float16, torch.float32):
             raise ValueError(f"scales must be float16/float32 {(n, k // g)}, got {self.scales.dtype} "
                              f"{tuple(self.scales.shape)}")
+        if self.order not in ("gguf", "x8") or (self.order == "x8" and (self.kind != "q4" or k % 64)):
+            raise ValueError(f"byte order {self.order!r} is for q4 codes with in_features % 64 == 0")
         if (self.mins is None) != (self.kind == "q8"):
             raise ValueError("q4 needs mins, q8 has none")
         if self.mins is not None and (self.mins.shape != self.scales.shape or self.mins.dtype != self.scales.dtype):
@@ -87,6 +95,8 @@ class QuantizedWeight:
         """Input features [start, stop), which must fall on group boundaries (a row-parallel shard)."""
         if start % self.group or stop % self.group:
             raise ValueError(f"columns {start}:{stop} do not fall on {self.group}-weight group boundaries")
+        if self.order == "x8" and (start % 64 or stop % 64):
+            return self.with_order("gguf").columns(start, stop)
         per_byte = 2 if self.kind == "q4" else 1
         g0, g1 = start // self.group, stop // self.group
         return replace(self, codes=self.codes[:, start // per_byte:stop // per_byte], scales=self.scales[:, g0:g1],
@@ -97,10 +107,37 @@ class QuantizedWeight:
         w = self if rows is None else self.rows(rows)
         n, k, g = w.out_features, w.in_features, w.group
         if w.kind == "q4":
-            packed = w.codes.view(n, k // BLOCK, BLOCK // 2)
-            q = torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k // g, g).float()
+            q = w.q4_codes().view(n, k // g, g).float()
             return (q * w.scales.float()[..., None] + w.mins.float()[..., None]).view(n, k)
         return (w.codes.view(n, k // g, g).float() * w.scales.float()[..., None]).view(n, k)
+
+
+    def q4_codes(self) -> torch.Tensor:
+        """The q4 codes one per byte, [N, K], in weight order."""
+        n, k = self.codes.shape[0], self.in_features
+        if self.order == "x8":
+            words = self.codes.contiguous().view(torch.int32).view(n, k // 64, 8)  # little-endian words
+            shifts = torch.arange(0, 32, 4, dtype=torch.int32).view(1, 1, 8, 1)
+            return ((words[:, :, None, :] >> shifts) & 15).to(torch.uint8).view(n, k)  # [., ., i, j]
+        packed = self.codes.view(n, k // BLOCK, BLOCK // 2)
+        return torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k)
+
+    def with_order(self, order: str) -> QuantizedWeight:
+        """The same q4 weight with its codes in `order` (same bytes, rearranged)."""
+        if order == self.order:
+            return self
+        n, k = self.codes.shape[0], self.in_features
+        if order == "x8" and (self.kind != "q4" or k % 64):
+            raise ValueError(f"byte order 'x8' is for q4 codes with in_features % 64 == 0, not {self.kind} {k}")
+        q = self.q4_codes()
+        if order == "x8":
+            parts = q.view(n, k // 64, 8, 8).to(torch.int64) << (4 * torch.arange(8).view(1, 1, 8, 1))
+            words = parts.sum(dim=2)  # [n, k/64, 8]: word j = sum_i code(8i + j) << 4i
+            codes = words.to(torch.int32).contiguous().view(torch.uint8).view(n, k // 2)
+        else:
+            pairs = q.view(n, k // BLOCK, 2, BLOCK // 2)
+            codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, k // 2)
+        return replace(self, codes=codes.contiguous(), order=order)
 
 
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -109,8 +146,8 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     if len(parts) == 1:
         return first
     for p in parts[1:]:
-        if (p.kind, p.group, p.in_features, p.scales.dtype) != (first.kind, first.group, first.in_features,
-                                                                  first.scales.dtype):
+        if (p.kind, p.group, p.in_features, p.scales.dtype, p.order) != (
+                first.kind, first.group, first.in_features, first.scales.dtype, first.order):
             raise ValueError(f"cannot fuse {first.source} and {p.source} weights: layouts differ")
     cat = lambda ts: torch.cat(ts, dim=0)  # noqa: E731
     return replace(first, codes=cat([p.codes for p in parts]), scales=cat([p.scales for p in parts]),

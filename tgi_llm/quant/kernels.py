@@ -205,7 +205,7 @@ static inline __attribute__((always_inline)) void q8_row(
 }
 
 #define ROWS_PER_CHUNK 16
-#define MAX_GROUPS 4096 /* K / group; the Python side checks */
+#define MAX_GROUPS 4096 /* K / 32 at most: K <= 131072, checked in Python */
 
 /* x: [M, K] (row stride ldx), y: [M, N] (row stride ldy); codes [N, K/2] (q4) or [N, K] (q8);
    scales/mins [N, K/g], float16 when f16 else float32. Threads split the output rows. */
@@ -278,6 +278,120 @@ void q8_linear(const int8_t* codes, const void* scales, int f16, int64_t g, cons
     }
 }
 
+/* ---- q4 codes in the "x8" byte order: per 64 weights 8 words, nibble i of word j = weight 8i + j ---- */
+
+/* 8 codes (weights 8i .. 8i + 7 of a 64-chunk) as floats: a shift, a mask, a conversion */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef __m256i W8;
+static inline W8 x8_load(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+static inline __m256 x8_codes(W8 v, int i) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * i), _mm256_set1_epi32(15)));
+}
+#define X8V __m256
+#define x8ld(p) _mm256_loadu_ps(p)
+#define x8fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define x8zero() _mm256_setzero_ps()
+#define x8set1(v) _mm256_set1_ps(v)
+static inline float x8sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+typedef struct { uint32_t w[8]; } W8;
+typedef float X8V __attribute__((vector_size(32)));
+static inline W8 x8_load(const uint8_t* p) { W8 v; memcpy(v.w, p, 32); return v; }
+static inline X8V x8_codes(W8 v, int i) {
+    X8V f;
+    for (int j = 0; j < 8; j++) f[j] = (float)((v.w[j] >> (4 * i)) & 15);
+    return f;
+}
+static inline X8V x8ld(const float* p) { X8V v; memcpy(&v, p, 32); return v; }
+#define x8fma(a, b, c) ((a) * (b) + (c))
+#define x8zero() ((X8V){0})
+#define x8set1(v) ((X8V){0} + (v))
+static inline float x8sum(X8V v) { float s = 0.f; for (int j = 0; j < 8; j++) s += v[j]; return s; }
+#endif
+
+/* A row's scales and mins per 32-weight block as float32 (F16C converts 8 at a time) */
+static inline void block_scales(const void* s, const int f16, const int64_t g, const int64_t B, float* out) {
+#if defined(__F16C__)
+    if (f16 && g == 32) {
+        int64_t b = 0;
+        for (; b + 8 <= B; b += 8)
+            _mm256_storeu_ps(out + b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)s + b))));
+        for (; b < B; b++) out[b] = half_to_float(((const uint16_t*)s)[b]);
+        return;
+    }
+#endif
+    for (int64_t b = 0; b < B; b++) out[b] = f16 ? half_to_float(((const uint16_t*)s)[b * 32 / g])
+                                                : ((const float*)s)[b * 32 / g];
+}
+
+static inline __attribute__((always_inline)) void q4x8_row(
+    const uint8_t* restrict q, const float* restrict scb, const float* restrict x, const int64_t ldx,
+    const int MTC, const int64_t K, float* restrict y, const int64_t ldy) {
+    X8V acc[MT][2]; /* one per half: two independent accumulation chains */
+    UNROLL for (int m = 0; m < MTC; m++) acc[m][0] = acc[m][1] = x8zero();
+    for (int64_t c = 0; c < K / 64; c++) {
+        const W8 v = x8_load(q + 32 * c);
+        UNROLL for (int h = 0; h < 2; h++) { /* two 32-weight blocks per word set */
+            X8V s[MT];
+            UNROLL for (int m = 0; m < MTC; m++) s[m] = x8zero();
+            UNROLL for (int i = 4 * h; i < 4 * h + 4; i++) {
+                const X8V w = x8_codes(v, i);
+                UNROLL for (int m = 0; m < MTC; m++) s[m] = x8fma(w, x8ld(x + m * ldx + 64 * c + 8 * i), s[m]);
+            }
+            const X8V scale = x8set1(scb[2 * c + h]);
+            UNROLL for (int m = 0; m < MTC; m++) acc[m][h] = x8fma(s[m], scale, acc[m][h]);
+        }
+    }
+    UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = x8sum(acc[m][0] + acc[m][1]);
+}
+
+void q4x8_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+                 const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g, B = K / 32;
+    float* xsb = malloc(sizeof(float) * (M * B + 1)); /* sums of x per 32-weight block, for the mins */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < B; b++) {
+            float s = 0.f;
+            for (int64_t k = 32 * b; k < 32 * b + 32; k++) s += x[m * ldx + k];
+            xsb[m * B + b] = s;
+        }
+    const int64_t chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        float scb[MAX_GROUPS], mnb[MAX_GROUPS];
+        const int64_t n1 = (c + 1) * ROWS_PER_CHUNK < N ? (c + 1) * ROWS_PER_CHUNK : N;
+        for (int64_t n = c * ROWS_PER_CHUNK; n < n1; n++) {
+            block_scales((const char*)scales + n * G * ss, f16, g, B, scb);
+            block_scales((const char*)mins + n * G * ss, f16, g, B, mnb);
+            const uint8_t* q = codes + n * (K / 2);
+            for (int64_t m0 = 0; m0 < M; m0 += MT) {
+                const float* xm = x + m0 * ldx;
+                float* ym = y + m0 * ldy + n;
+                switch (M - m0 < MT ? M - m0 : MT) {
+                    case 4: q4x8_row(q, scb, xm, ldx, 4, K, ym, ldy); break;
+                    case 3: q4x8_row(q, scb, xm, ldx, 3, K, ym, ldy); break;
+                    case 2: q4x8_row(q, scb, xm, ldx, 2, K, ym, ldy); break;
+                    default: q4x8_row(q, scb, xm, ldx, 1, K, ym, ldy); break;
+                }
+            }
+            for (int64_t m = 0; m < M; m++) { /* the mins: sum over blocks of min * (sum of x over the block) */
+                X8V a = x8zero();
+                int64_t b = 0;
+                for (; b + 8 <= B; b += 8) a = x8fma(x8ld(mnb + b), x8ld(xsb + m * B + b), a);
+                float t = x8sum(a);
+                for (; b < B; b++) t += mnb[b] * xsb[m * B + b];
+                y[m * ldy + n] += t;
+            }
+        }
+    }
+    free(xsb);
+}
+
 /* rows [n0, n1) as float32 into out [n1 - n0, K]: w = q * scale (+ min), rounded after the product and
    after the sum like torch's and gguf-py's dequantization (no FMA contraction here: bit-exact results) */
 #define NO_FMA __attribute__((optimize("fp-contract=off")))
@@ -317,6 +431,26 @@ NO_FMA void q8_dequant(const int8_t* codes, const void* scales, int f16, int64_t
         }
     }
 }
+
+NO_FMA void q4x8_dequant(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
+                         int64_t n0, int64_t n1, float* out, int nthreads) {
+    const int64_t G = K / g;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = n0; n < n1; n++) {
+        const void *sc = (const char*)scales + n * G * ss, *mn = (const char*)mins + n * G * ss;
+        float* o = out + (n - n0) * K;
+        for (int64_t c = 0; c < K / 64; c++) {
+            const W8 v = x8_load(codes + n * (K / 2) + 32 * c);
+            for (int i = 0; i < 8; i++) {
+                const int64_t gi = (64 * c + 8 * i) / g;
+                const X8V p = x8_codes(v, i) * x8set1(scale_at(sc, f16, gi));
+                const X8V w = p + x8set1(scale_at(mn, f16, gi));
+                memcpy(o + 64 * c + 8 * i, &w, 32);
+            }
+        }
+    }
+}
 """
 
 
@@ -332,7 +466,9 @@ class QuantKernels:
         lib.q8_linear.argtypes = [p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
         lib.q4_dequant.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, i32]
         lib.q8_dequant.argtypes = [p, p, i32, i64, i64, i64, i64, p, i32]
-        for fn in (lib.q4_linear, lib.q8_linear, lib.q4_dequant, lib.q8_dequant):
+        lib.q4x8_linear.argtypes = lib.q4_linear.argtypes
+        lib.q4x8_dequant.argtypes = lib.q4_dequant.argtypes
+        for fn in (lib.q4_linear, lib.q8_linear, lib.q4_dequant, lib.q8_dequant, lib.q4x8_linear, lib.q4x8_dequant):
             fn.restype = None
         self._lib = lib
 
@@ -346,7 +482,8 @@ class QuantKernels:
         f16 = int(w.scales.dtype == torch.float16)
         threads = torch.get_num_threads()
         if w.kind == "q4":
-            self._lib.q4_linear(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, x.data_ptr(),
+            fn = self._lib.q4x8_linear if w.order == "x8" else self._lib.q4_linear
+            fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, x.data_ptr(),
                                 x.stride(0), y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
         else:
             self._lib.q8_linear(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, x.data_ptr(), x.stride(0),
@@ -360,7 +497,8 @@ class QuantKernels:
         f16 = int(w.scales.dtype == torch.float16)
         threads = torch.get_num_threads()
         if w.kind == "q4":
-            self._lib.q4_dequant(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, w.in_features,
+            fn = self._lib.q4x8_dequant if w.order == "x8" else self._lib.q4_dequant
+            fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, w.in_features,
                                  start, stop, out.data_ptr(), threads)
         else:
             self._lib.q8_dequant(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, w.in_features, start, stop,
@@ -381,7 +519,8 @@ def _self_check(kernels: QuantKernels) -> None:
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(37, 128, generator=gen)
     x = torch.randn(6, 128, generator=gen)
-    for qw in (quantize_int4(w, 32), quantize_int4(w * 1e5, 64), quantize_int8(w, 16), quantize_int8(w)):
+    q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
+    for qw in (*q4, *(q.with_order("x8") for q in q4), quantize_int8(w, 16), quantize_int8(w, 32)):
         dense = qw.dequantize()
         if not torch.equal(kernels.dequantize(qw), dense):
             raise RuntimeError(f"{qw.source} dequantization disagrees with torch")
