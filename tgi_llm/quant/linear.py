@@ -21,6 +21,18 @@ GEMM_MIN_TOKENS = 48
 CHUNK_BYTES = 16 << 20
 
 
+def _gemm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x @ w.T through oneDNN where torch has it: on a plain (not reordered) weight it matches MKL's sgemm
+    on AVX2 (15.3 vs 16.6 ms, 256 x 576 x 3072, one Zen 3 thread) and, unlike MKL on AMD CPUs, runs
+    AVX-512 code where the CPU has it."""
+    if _ONEDNN:
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), w, None, "none", [], "")
+    return F.linear(x, w)
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
 class QuantLinear(nn.Module):
     """y = x W^T (+ b) with W held only as `QuantizedWeight` (no float copy). The weight is a plain
     attribute, not a buffer, so `Module.to(dtype)` leaves its codes and float16 scales alone."""
@@ -46,18 +58,22 @@ class QuantLinear(nn.Module):
         return self.qweight.dequantize(slice(start, stop))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape, dtype = x.shape, x.dtype
-        x2 = x.reshape(-1, shape[-1]).float()
+        if x.dim() == 2 and x.dtype == torch.float32:  # the model's case: no reshapes or casts to dispatch
+            return self._linear(x)
+        y = self._linear(x.reshape(-1, x.shape[-1]).float())
+        return y.to(x.dtype).view(*x.shape[:-1], -1)
+
+    def _linear(self, x2: torch.Tensor) -> torch.Tensor:
         n, k = self.qweight.shape
         if self.kernels is not None and x2.shape[0] < GEMM_MIN_TOKENS:
             y = self.kernels.linear(x2, self.qweight)
         elif n * k * 4 <= CHUNK_BYTES:
-            y = F.linear(x2, self._dequantized(0, n))
+            y = _gemm(x2, self._dequantized(0, n))
         else:
             y = torch.empty(x2.shape[0], n, dtype=torch.float32)
             step = max(1, CHUNK_BYTES // (4 * k))
             for start in range(0, n, step):
-                y[:, start:start + step] = F.linear(x2, self._dequantized(start, min(start + step, n)))
+                y[:, start:start + step] = _gemm(x2, self._dequantized(start, min(start + step, n)))
         if self.bias is not None:
             y += self.bias
-        return y.to(dtype).view(*shape[:-1], -1)
+        return y
