@@ -36,7 +36,7 @@ def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     model = engine_runner.model
     bs = engine_runner.block_size
     per_seq = -(-context // bs)
-    caches = allocate_kv_cache(model.config, batch * per_seq, bs, model.embed_tokens.dtype)
+    caches = allocate_kv_cache(model.config, batch * per_seq, bs, model.dtype)
     runner = ModelRunner(model, caches, bs, model.config.vocab_size, engine_runner.device)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     pos = context - 1

@@ -24,15 +24,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8, 16, 32, 64])
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=None, help="default: torch's (all cores)")
+    ap.add_argument("--quantize", default=None, help="as the launcher's (default: the GGUF's own blocks)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
 
     from tgi_llm.models.llama import load_model
+    from tgi_llm.quant.modes import parse_quantize
     from tgi_llm.weights import resolve_model_dir
 
-    model, _ = load_model(resolve_model_dir(args.model_id))
-    print(f"threads {torch.get_num_threads()}, packed weights: {model.lm_head_packed is not None}")
+    model, _ = load_model(resolve_model_dir(args.model_id), quantization=parse_quantize(args.quantize))
+    print(f"threads {torch.get_num_threads()}, weights {model.quantization.describe()}, "
+          f"oneDNN-packed LM head: {model.lm_head_packed is not None}")
     print("| batch | floor ms | GFLOP/s | weight GB/s | plain F.linear ms | plain / floor |")
     print("|---|---|---|---|---|---|")
     for batch in args.batch_sizes:

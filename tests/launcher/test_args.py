@@ -61,6 +61,9 @@ def test_prefix_caching_and_chunking_default_on_and_turn_off_by_flag_or_env():
         (["--sharded", "true", "--num-shard", "1"], "`sharded` is true but `num_shard` <= 1"),
         (["--num-shard", "0"], "`num_shard` cannot be < 1"),
         (["--validation-workers", "0"], "`validation_workers` must be > 0"),
+        (["--quantize", "awq"], "`--quantize awq` is not supported"),
+        (["--quantize", "int3"], "`--quantize` must be one of gguf, float, int8, int4, eetq, bitsandbytes"),
+        (["--quantize", "int4", "--quantize-group-size", "20"], "must be a positive multiple of 32"),
     ],
 )
 def test_tgi_start_up_checks(argv, message):
@@ -94,3 +97,13 @@ def test_sharded_without_num_shard_uses_every_gpu():
         find_num_shards(True, None, cuda_devices=lambda: 1)
     assert find_num_shards(None, None, cuda_devices=lambda: 4) == 1
     assert count_cuda_devices({"CUDA_VISIBLE_DEVICES": "0,2"}) == 2
+
+
+def test_quantize_reaches_the_model_parameters_from_flag_or_environment():
+    params = model_parameters(check(["--quantize", "int4", "--quantize-group-size", "64"]), "/m")
+    assert params["quantize"] == "int4" and params["quantize_group_size"] == "64"
+    args = validate(parse_args([], {"QUANTIZE": "eetq"}))
+    assert model_parameters(args, "/m")["quantize"] == "eetq"
+    assert model_parameters(check([]), "/m")["quantize"] == ""
+    with pytest.raises(ArgumentValidationError, match="--quantize gptq"):
+        validate(parse_args([], {"QUANTIZE": "gptq"}))

@@ -89,3 +89,13 @@ def test_steps_by_method():
     assert f.value("tgi_batch_inference_count", method="decode") == 2
     assert f.value("tgi_batch_inference_count", method="prefill") == 1
     assert f.observations("tgi_batch_forward_duration", method="decode") == [0.02, 0.03]
+
+
+def test_memory_gauge_by_kind():
+    from tgi_llm.memory import MemoryAccount
+
+    metrics, f = make()
+    metrics.memory(MemoryAccount(weights=100, kv_cache=1000, kv_cache_resident=200, rss=500))
+    assert f.value("tgi_memory_bytes", kind="weights") == 100
+    assert f.value("tgi_memory_bytes", kind="kv_cache") == 1000
+    assert f.value("tgi_memory_bytes", kind="other") == 200  # 500 resident - 100 weights - 200 KV touched

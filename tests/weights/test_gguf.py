@@ -14,6 +14,8 @@ import torch
 import tgi_llm.weights.gguf as gguf_mod
 import tgi_llm.weights.resolve as resolve_mod
 from tgi_llm.models import load_model
+from tgi_llm.quant.linear import QuantLinear
+from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights import default_gguf_path, resolve_model_dir
 from tgi_llm.weights.gguf import MARKER_FILE
 
@@ -129,9 +131,14 @@ def test_converted_dir_loads_with_transformers_and_matches_gguf(converted, mini_
     with torch.no_grad():
         expected = direct(torch.tensor([ids])).logits
         torch.testing.assert_close(loaded(torch.tensor([ids])).logits, expected)
-    # and our own loader reads it (tied lm_head, dequantized Q8_0 MLP)
-    ours, config = load_model(model_dir)
+    # and our own loader reads it: dequantized (tied lm_head), or its Q8_0 MLP as it is in the file
+    ours, config = load_model(model_dir, quantization=Quantization("float"))
     assert ours.lm_head is ours.embed_tokens and config.vocab_size == VOCAB
+    native, _ = load_model(model_dir)
+    assert native.quantization.mode == "gguf"
+    assert isinstance(native.layers[0].gate_up, QuantLinear) and native.layers[0].gate_up.qweight.source == "Q8_0"
+    torch.testing.assert_close(native.layers[0].gate_up.dense_weight(), ours.layers[0].gate_up.dense_weight(),
+                               rtol=0, atol=0)
 
 
 def test_second_resolve_uses_the_cache(converted, mini_gguf, monkeypatch):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tgi_llm.models.llama import load_linear
-from tgi_llm.weights import SafetensorsWeights, Shard
+from tgi_llm.models.weight_loader import WeightLoader
+from tgi_llm.weights import NO_SHARD, SafetensorsWeights, Shard
 
 
 def tensors() -> dict[str, torch.Tensor]:
@@ -68,17 +68,21 @@ def test_slices_and_shards(weights_dir):
 def test_fused_column_and_row_parallel_linears(weights_dir):
     """Column-parallel fusion puts each rank's q slice then its k slice; row-parallel splits inputs
     and keeps the bias on rank 0 so the all-reduced sum adds it once."""
-    weights = SafetensorsWeights(weights_dir)
     data = tensors()
-    full_w, full_b = load_linear(weights, ["a.q_proj", "a.k_proj"], "column", bias=True)
+
+    def load_linear(prefixes, parallel, shard=NO_SHARD):
+        loader = WeightLoader(weights_dir, None, None, shard)
+        return loader.linear_weight(prefixes, parallel), loader.bias(prefixes, parallel)
+
+    full_w, full_b = load_linear(["a.q_proj", "a.k_proj"], "column")
     torch.testing.assert_close(full_w, torch.cat([data["a.q_proj.weight"], data["a.k_proj.weight"]]))
     torch.testing.assert_close(full_b, torch.cat([data["a.q_proj.bias"], data["a.k_proj.bias"]]))
-    w1, b1 = load_linear(weights, ["a.q_proj", "a.k_proj"], "column", bias=True, shard=Shard(1, 2))
+    w1, b1 = load_linear(["a.q_proj", "a.k_proj"], "column", Shard(1, 2))
     torch.testing.assert_close(w1, torch.cat([data["a.q_proj.weight"][4:], data["a.k_proj.weight"][2:]]))
     torch.testing.assert_close(b1, torch.cat([data["a.q_proj.bias"][4:], data["a.k_proj.bias"][2:]]))
 
     x = torch.randn(3, 8)
-    partial = [load_linear(weights, ["a.o_proj"], "row", bias=True, shard=Shard(r, 2)) for r in range(2)]
+    partial = [load_linear(["a.o_proj"], "row", Shard(r, 2)) for r in range(2)]
     summed = sum(torch.nn.functional.linear(x[:, r * 4 : (r + 1) * 4], w, b) for r, (w, b) in enumerate(partial))
     torch.testing.assert_close(summed, torch.nn.functional.linear(x, data["a.o_proj.weight"], data["a.o_proj.bias"]))
 

@@ -24,6 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from tgi_llm.models.llama import Linear, LlamaForCausalLM, packed_linear
+from tgi_llm.quant.linear import QuantLinear
+
+
+def _bytes_read(lin: torch.nn.Module | None, dense: torch.Tensor, plain: bool) -> int:
+    """What one call streams: the quantized codes and scales, or the float weight."""
+    if isinstance(lin, QuantLinear) and not plain:
+        return lin.nbytes
+    return dense.numel() * dense.element_size()
 
 
 class MatmulFloor:
@@ -31,7 +39,7 @@ class MatmulFloor:
 
     def __init__(self, model: LlamaForCausalLM, batch: int, plain: bool = False) -> None:
         self.model, self.batch = model, batch
-        dtype = model.embed_tokens.dtype
+        dtype = model.dtype
         linears = [m for layer in model.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
         self.calls: list[Callable[[], torch.Tensor]] = []
         self.flops = self.weight_bytes = 0
@@ -40,15 +48,18 @@ class MatmulFloor:
             x = torch.randn(batch, weight.shape[1], dtype=dtype)
             self.calls.append(self._call(lin, weight, x, plain))
             self.flops += 2 * batch * weight.numel()
-            self.weight_bytes += weight.numel() * weight.element_size()
-        head = model.lm_head
+            self.weight_bytes += _bytes_read(lin, weight, plain)
+        quant_head = model.lm_head_quant
+        head = model.lm_head if quant_head is None else quant_head.dense_weight()
         x = torch.randn(batch, head.shape[1], dtype=dtype)
-        if model.lm_head_packed is not None and not plain:
+        if quant_head is not None and not plain:
+            self.calls.append(lambda x=x: quant_head(x))
+        elif model.lm_head_packed is not None and not plain:
             self.calls.append(lambda x=x: packed_linear(x, model.lm_head_packed, None))
         else:
             self.calls.append(lambda x=x: F.linear(x, head))
         self.flops += 2 * batch * head.numel()
-        self.weight_bytes += head.numel() * head.element_size()
+        self.weight_bytes += _bytes_read(quant_head, head, plain)
 
     @staticmethod
     def _call(lin: Linear, weight: torch.Tensor, x: torch.Tensor, plain: bool) -> Callable[[], torch.Tensor]:

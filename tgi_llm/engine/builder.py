@@ -15,8 +15,10 @@ from tgi_llm.engine.options import EngineOptions
 
 logger = logging.getLogger(__name__)
 
-#: KV-cache budget on the CPU when none is given: enough for ~46k tokens of the default model.
-DEFAULT_CPU_KV_CACHE_GB = 2.0
+#: KV-cache tokens on the CPU when neither --max-batch-total-tokens nor --kv-cache-memory-gb is given (was a
+#: fixed 2 GiB): four requests of the default 4,096-token limit, or 16 of 1,024 (755 MB for the default model
+#: in float32). Memory is backed only as blocks are used (kv_cache.py).
+DEFAULT_CPU_KV_TOKENS = 16384
 #: On CUDA, the share of free memory (after the weights) given to the KV cache, as TGI's
 #: `--cuda-memory-fraction` leaves room for activations.
 CUDA_KV_CACHE_FRACTION = 0.8
@@ -40,13 +42,14 @@ def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
     return ids
 
 
-def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device) -> int:
+def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device, per_token: int) -> int:
+    """What the pool may hold when --max-batch-total-tokens is not given (when it is, it sizes the pool)."""
     if opts.kv_cache_memory_gb is not None:
         return int(opts.kv_cache_memory_gb * 2**30)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_KV_CACHE_FRACTION)
-    return int(DEFAULT_CPU_KV_CACHE_GB * 2**30)
+    return DEFAULT_CPU_KV_TOKENS * per_token
 
 
 def build_engine(opts: EngineOptions) -> Engine:
@@ -57,11 +60,13 @@ def build_engine(opts: EngineOptions) -> Engine:
     from tgi_llm.kv_cache import allocate_kv_cache
     from tgi_llm.models.config import kv_cache_bytes_per_token
     from tgi_llm.models.llama import load_model
+    from tgi_llm.quant.modes import parse_quantize
     from tgi_llm.runner.model_runner import ModelRunner
     from tgi_llm.weights import resolve_model_dir
     from tgi_llm.weights.safetensors_loader import NO_SHARD
 
     check_static_limits(opts.limits)  # fail before spending time on weights
+    quantization = parse_quantize(opts.quantize, opts.quantize_group_size)
     device, dtype = resolve_device_and_dtype(opts)
     if device.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(os.cpu_count() or 1)
@@ -71,14 +76,16 @@ def build_engine(opts: EngineOptions) -> Engine:
     if opts.num_shard > 1:  # MPI is imported on this path only: one shard runs in-process
         from tgi_llm.parallel import ShardGroup
 
-        shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id())
-    model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD)
+        shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id(),
+                                   opts.quantize, opts.quantize_group_size)
+    model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
+                               quantization=quantization)
     block_size = opts.limits.block_size
     if block_size == 16 and preferred_block_size(device) != 16:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
     per_token = kv_cache_bytes_per_token(config, dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
-    kv_tokens = kv_cache_budget_bytes(opts, device) // per_token
+    kv_tokens = kv_cache_budget_bytes(opts, device, per_token) // per_token
     from dataclasses import replace
 
     limits = resolve_limits(replace(opts.limits, block_size=block_size), config.max_position_embeddings,
@@ -97,6 +104,10 @@ def build_engine(opts: EngineOptions) -> Engine:
                                                         frozenset(eos))
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
+    from tgi_llm.memory import account
+
+    engine.memory_account = lambda: account(model, kv_caches)  # rank 0's process; ranks log their own
+    logger.info("memory: %s", engine.memory_account().describe())
     if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too
         shards.on_failure(lambda _reason: setattr(engine, "healthy", False))
     return engine

@@ -17,6 +17,8 @@ class EngineOptions:
     device: str | None = None  # None: cuda when available, else cpu
     kv_cache_memory_gb: float | None = None  # None: derived from free memory
     num_shard: int = 1
+    quantize: str | None = None  # --quantize (tgi_llm/quant/modes.py); None: by the weights
+    quantize_group_size: int | None = None
     limits: LimitOptions = field(default_factory=LimitOptions)
 
     def __post_init__(self) -> None:

@@ -54,7 +54,9 @@ FLAGS: list[Flag] = [
     Flag("validation_workers", int, 2, "Kept for TGI compatibility (validation runs in the model)"),
     Flag("sharded", _bool, None, "Shard the model across GPUs"),
     Flag("num_shard", int, None, "Number of shards (GPUs)"),
-    Flag("quantize", help="Not supported: weights run in --dtype (GGUF files are dequantized)"),
+    Flag("quantize", help="Weight format: gguf (a GGUF's own blocks; the default for .gguf models), float, "
+         "int8 (also TGI's eetq, bitsandbytes) or int4 weight-only; see the README"),
+    Flag("quantize_group_size", int, None, "Group size of --quantize int8 / int4 along the input dim (default 32)"),
     Flag("dtype", choices=DTYPES, help="float32 on CPU, bfloat16 on CUDA by default"),
     Flag("trust_remote_code", switch=True, default=False),
     Flag("max_concurrent_requests", int, 128),
@@ -179,8 +181,12 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         args.max_input_tokens = args.max_input_length
     if args.validation_workers == 0:
         raise ArgumentValidationError("`validation_workers` must be > 0")
-    if args.quantize:
-        raise ArgumentValidationError(f"`quantize` {args.quantize!r} is not supported; pass a GGUF file or --dtype")
+    from tgi_llm.quant.modes import parse_quantize
+
+    try:
+        parse_quantize(args.quantize, args.quantize_group_size)
+    except ValueError as exc:
+        raise ArgumentValidationError(str(exc)) from None
     if args.trust_remote_code:
         logger.warning("`trust_remote_code` is set. Trusting that model `%s` do not contain malicious code.",
                        args.model_id)
@@ -211,6 +217,8 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "model_id": model_dir if model_dir is not None else args.model_id,
         "dtype": args.dtype,
         "num_shard": args.num_shard,
+        "quantize": args.quantize,
+        "quantize_group_size": args.quantize_group_size,
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
         "json_output": "true" if args.json_output else "false",
     }

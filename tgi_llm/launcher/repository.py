@@ -79,6 +79,8 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "dtype": "",
     "device": "",
     "num_shard": "1",
+    "quantize": "",
+    "quantize_group_size": "",
     "kv_cache_memory_gb": "",
     "max_concurrent_requests": "128",
     "max_best_of": "2",

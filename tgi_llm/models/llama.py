@@ -1,17 +1,17 @@
 """Llama-family causal LM (Llama, Mistral, Qwen2) over a flat, unpadded, paged batch.
 
 q/k/v and gate/up are fused into one matmul each at load time. Every linear weight is read
-through `load_linear`, which takes a `Shard`: column-parallel (q/k/v, gate/up) splits output rows,
-row-parallel (o, down) splits input columns, vocab-parallel splits embedding/lm_head rows. Each
-rank's slice is all it reads; `tp_ops` adds the collectives (all-reduce after the row-parallel ones and the
-vocab-parallel embedding, gather of the LM head's logits), which are plain local ops with one shard.
+through `WeightLoader` (weight_loader.py: float, or quantized per `--quantize`), which takes a `Shard`:
+column-parallel (q/k/v, gate/up) splits output rows, row-parallel (o, down) splits input columns,
+vocab-parallel splits embedding/lm_head rows. Each rank's slice is all it reads; `tp_ops` adds the
+collectives (all-reduce after the row-parallel ones and the vocab-parallel embedding, gather of the LM
+head's logits), which are plain local ops with one shard.
 """
 
 from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -21,34 +21,14 @@ from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_at
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
+from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
-from tgi_llm.weights.safetensors_loader import NO_SHARD, SafetensorsWeights, Shard
+from tgi_llm.quant.formats import QuantizedWeight
+from tgi_llm.quant.linear import QuantLinear
+from tgi_llm.quant.modes import Quantization
+from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
 logger = logging.getLogger(__name__)
-
-Parallel = Literal["column", "row", "vocab", "replicated"]
-_SPLIT_DIM: dict[str, int | None] = {"column": 0, "vocab": 0, "row": 1, "replicated": None}
-
-
-def load_linear(
-    weights: SafetensorsWeights,
-    prefixes: list[str],
-    parallel: Parallel,
-    bias: bool = False,
-    shard: Shard = NO_SHARD,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weight (and bias) of one linear, fusing `prefixes` along the output dim (each split first, so a
-    rank's fused q/k/v is its own q, k and v slices back to back). Row-parallel bias lives on rank 0
-    only since the partial outputs are summed."""
-    dim = _SPLIT_DIM[parallel]
-    weight = torch.cat([weights.load_sharded(f"{p}.weight", dim, shard) for p in prefixes], dim=0)
-    if not bias:
-        return weight, None
-    if parallel == "row":
-        b = weights.get_tensor(f"{prefixes[0]}.bias")
-        return weight, b if shard.rank == 0 else torch.zeros_like(b)
-    return weight, torch.cat([weights.load_sharded(f"{p}.bias", 0, shard) for p in prefixes], dim=0)
-
 
 class RMSNorm(nn.Module):
     def __init__(self, weight: torch.Tensor, eps: float) -> None:
@@ -113,7 +93,7 @@ class Linear(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, weights: SafetensorsWeights, index: int, shard: Shard) -> None:
+    def __init__(self, config: ModelConfig, weights: WeightLoader, index: int, shard: Shard) -> None:
         super().__init__()
         p = f"model.layers.{index}"
         attn, mlp = f"{p}.self_attn", f"{p}.mlp"
@@ -123,14 +103,14 @@ class DecoderLayer(nn.Module):
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         eps = config.rms_norm_eps
-        self.input_norm = RMSNorm(weights.get_tensor(f"{p}.input_layernorm.weight"), eps)
-        self.post_attention_norm = RMSNorm(weights.get_tensor(f"{p}.post_attention_layernorm.weight"), eps)
+        self.input_norm = RMSNorm(weights.floats.get_tensor(f"{p}.input_layernorm.weight"), eps)
+        self.post_attention_norm = RMSNorm(weights.floats.get_tensor(f"{p}.post_attention_layernorm.weight"), eps)
         qkv_names = [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"]
-        self.qkv = Linear(*load_linear(weights, qkv_names, "column", config.qkv_bias, shard))
-        self.o_proj = Linear(*load_linear(weights, [f"{attn}.o_proj"], "row", config.o_bias, shard))
+        self.qkv = weights.linear(qkv_names, "column", config.qkv_bias, Linear)
+        self.o_proj = weights.linear([f"{attn}.o_proj"], "row", config.o_bias, Linear)
         gate_up = [f"{mlp}.gate_proj", f"{mlp}.up_proj"]
-        self.gate_up = Linear(*load_linear(weights, gate_up, "column", config.mlp_bias, shard))
-        self.down = Linear(*load_linear(weights, [f"{mlp}.down_proj"], "row", config.mlp_bias, shard))
+        self.gate_up = weights.linear(gate_up, "column", config.mlp_bias, Linear)
+        self.down = weights.linear([f"{mlp}.down_proj"], "row", config.mlp_bias, Linear)
 
     def forward(
         self,
@@ -158,38 +138,54 @@ class LlamaForCausalLM(nn.Module):
     def __init__(
         self,
         config: ModelConfig,
-        weights: SafetensorsWeights,
+        weights: WeightLoader,
         shard: Shard = NO_SHARD,
         attention_backend: AttentionBackend | None = None,
     ) -> None:
         super().__init__()
         self.shard = shard
         self.config = config
-        self.embed_tokens = nn.Parameter(
-            weights.load_sharded("model.embed_tokens.weight", 0, shard), requires_grad=False
-        )
+        self.quantization = weights.quantization
+        embed = weights.vocab("model.embed_tokens.weight")
+        # A quantized table is a plain attribute (Module.to must not cast its codes or float16 scales).
+        self.embed_quant = embed if isinstance(embed, QuantizedWeight) else None
+        self.embed_tokens = None if self.embed_quant is not None else nn.Parameter(embed, requires_grad=False)
         self.layers = nn.ModuleList(DecoderLayer(config, weights, i, shard) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(weights.get_tensor("model.norm.weight"), config.rms_norm_eps)
-        if config.tie_word_embeddings or "lm_head.weight" not in weights:
-            self.lm_head = self.embed_tokens
-        else:
-            self.lm_head = nn.Parameter(weights.load_sharded("lm_head.weight", 0, shard), requires_grad=False)
+        self.norm = RMSNorm(weights.floats.get_tensor("model.norm.weight"), config.rms_norm_eps)
+        tied = config.tie_word_embeddings or "lm_head.weight" not in weights.floats
+        head = embed if tied else weights.vocab("lm_head.weight")
+        # The LM head as a quantized linear shares the tied embedding's codes: the weights are held once.
+        self.lm_head_quant = QuantLinear(head, None) if isinstance(head, QuantizedWeight) else None
+        if tied and self.lm_head_quant is not None:
+            self.embed_quant = self.lm_head_quant.qweight  # the head may have reordered the codes: keep one
+        if self.lm_head_quant is None:
+            self.lm_head = self.embed_tokens if tied else nn.Parameter(head, requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.attention_backend = attention_backend
         self.lm_head_packed: torch.Tensor | None = None  # see pack_for_cpu
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.norm.weight.device
+
     def pack_for_cpu(self) -> bool:
-        """Pack every linear weight for oneDNN (after the final `.to()`: packed weights can't move).
+        """Pack every float linear weight for oneDNN (after the final `.to()`: packed weights can't move).
         The LM head gets a packed copy next to the (possibly tied) dense one."""
         packed = [m.pack() for m in self.modules() if isinstance(m, Linear)]
         if not all(packed):
             return False
-        self.lm_head_packed = pack_weight_for_cpu(self.lm_head)
-        return self.lm_head_packed is not None
+        if self.lm_head_quant is None:
+            self.lm_head_packed = pack_weight_for_cpu(self.lm_head)
+            return self.lm_head_packed is not None
+        return bool(packed)
 
     def _apply(self, fn, recurse: bool = True):  # keep rope frequencies on the model's device
         result = super()._apply(fn, recurse)
-        self.rotary.to(self.embed_tokens.device)
+        self.rotary.to(self.device)
         return result
 
     @torch.inference_mode()
@@ -207,8 +203,9 @@ class LlamaForCausalLM(nn.Module):
         if self.rotary.needs_seq_lens:
             query_lens = torch.tensor(attn.query_lens_cpu, device=input_ids.device)
             token_seq_lens = torch.repeat_interleave(attn.seq_lens.to(input_ids.device), query_lens)
-        cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.embed_tokens.dtype)
-        hidden = tp_ops.embed(input_ids, self.embed_tokens, self.shard)
+        cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.dtype)
+        table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
+        hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, attn, self.attention_backend)
         return self.norm(hidden)
@@ -216,9 +213,18 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 logits [N, V] for the rows the sampler needs."""
+        if self.lm_head_quant is not None:
+            return tp_ops.gather_vocab(self.lm_head_quant(hidden).float(), self.shard)
         if self.lm_head_packed is not None:
             return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)
         return tp_ops.gather_vocab(F.linear(hidden, self.lm_head).float(), self.shard)
+
+
+def describe_gguf(tensors) -> str:
+    counts: dict[str, int] = {}
+    for kind in tensors.types.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
 
 
 def load_model(
@@ -227,23 +233,30 @@ def load_model(
     device: str | torch.device = "cpu",
     attention_backend: AttentionBackend | None = None,
     shard: Shard = NO_SHARD,
+    quantization: Quantization | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model from a HF directory. With no backend given, one is picked on the first forward
-    (it depends on the KV block size, which the runner decides)."""
+    (it depends on the KV block size, which the runner decides). `quantization` None: a directory
+    converted from a GGUF runs the GGUF's blocks, float checkpoints run in `dtype` (quant/modes.py)."""
     config = ModelConfig.from_model_dir(model_dir)
-    weights = SafetensorsWeights(model_dir)
+    weights = WeightLoader(model_dir, config, quantization, shard)
+    if weights.quantized and (torch.device(device).type != "cpu" or dtype != torch.float32):
+        raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU with float32 "
+                         f"activations; got device {device} and --dtype {str(dtype).removeprefix('torch.')} "
+                         "(use --quantize float for float weights in that dtype)")
     model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
     model = model.to(device=device, dtype=dtype).eval()
-    if model.embed_tokens.device.type == "cpu" and model.pack_for_cpu():
+    if model.device.type == "cpu" and model.pack_for_cpu():
         logger.info("linear weights packed for oneDNN")
     prepare_cpu_attention(device, dtype)
     logger.info(
-        "loaded %s (%s, %d layers, hidden %d) as %s on %s",
+        "loaded %s (%s, %d layers, hidden %d) as %s on %s, weights %s",
         model_dir,
         config.model_type,
         config.num_hidden_layers,
         config.hidden_size,
         dtype,
         device,
+        weights.quantization.describe() + (f" ({describe_gguf(weights.gguf)})" if weights.gguf else ""),
     )
     return model, config

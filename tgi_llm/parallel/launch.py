@@ -73,6 +73,8 @@ class ShardSetup:
     threads: int
     collective_timeout_s: float
     start_timeout_s: float
+    quantize: str = ""  # --quantize and its group size ("" / 0: unset), so every rank loads the same format
+    quantize_group_size: int = 0
 
 
 def check_tp_split(config: ModelConfig, num_shard: int, model: str = "the model") -> None:
@@ -135,7 +137,8 @@ class ShardGroup:
     # ---- start-up ----
     @classmethod
     def launch(cls, num_shard: int, model_dir: str | Path, dtype: torch.dtype, device: torch.device,
-               model_name: str | None = None) -> ShardGroup:
+               model_name: str | None = None, quantize: str | None = None,
+               quantize_group_size: int | None = None) -> ShardGroup:
         config = ModelConfig.from_model_dir(model_dir)
         check_tp_split(config, num_shard, model_name or str(model_dir))
         if device.type == "cuda" and torch.cuda.device_count() < (device.index or 0) + num_shard:
@@ -150,7 +153,8 @@ class ShardGroup:
         store = dist.TCPStore("127.0.0.1", 0, num_shard, is_master=True, wait_for_workers=False,
                               timeout=timedelta(seconds=START_TIMEOUT_S))
         setup = ShardSetup(str(model_dir), str(dtype).removeprefix("torch."), str(device), num_shard, store.port,
-                           os.getpid(), threads, COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S)
+                           os.getpid(), threads, COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S, quantize or "",
+                           quantize_group_size or 0)
         pids, guards = _spawn(setup)
         logger.info("spawned %d shard processes (pids %s) for %s", num_shard - 1, pids, model_dir)
         return cls(num_shard, pids, guards, store, device)

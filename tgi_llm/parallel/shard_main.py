@@ -95,7 +95,11 @@ def serve(rank: int, setup: ShardSetup) -> int:
                           timeout=timedelta(seconds=setup.start_timeout_s))
     try:
         shard = Shard(rank, setup.world_size)
-        model, config = load_model(setup.model_dir, dtype=getattr(torch, setup.dtype), device=device, shard=shard)
+        from tgi_llm.quant.modes import parse_quantize
+
+        quantization = parse_quantize(setup.quantize or None, setup.quantize_group_size or None)
+        model, config = load_model(setup.model_dir, dtype=getattr(torch, setup.dtype), device=device, shard=shard,
+                                   quantization=quantization)
     except Exception as exc:
         store.set(f"tgi/error/{rank}", f"{type(exc).__name__}: {exc}")
         raise

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.weights.safetensors_loader import Shard
 
 
@@ -19,15 +20,21 @@ def reduce(x: torch.Tensor, shard: Shard) -> torch.Tensor:
     return x
 
 
-def embed(input_ids: torch.Tensor, weight: torch.Tensor, shard: Shard) -> torch.Tensor:
+def _lookup(ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight) -> torch.Tensor:
+    if isinstance(weight, QuantizedWeight):  # dequantize just the rows asked for
+        return weight.dequantize(ids.reshape(-1)).view(*ids.shape, weight.in_features)
+    return F.embedding(ids, weight)
+
+
+def embed(input_ids: torch.Tensor, weight: torch.Tensor | QuantizedWeight, shard: Shard) -> torch.Tensor:
     """Vocab-parallel embedding: each rank holds rows [rank * n, (rank + 1) * n) of the table, looks up
     the ids it owns, zeroes the rest, and the all-reduce fills every row from its owner (exactly)."""
     if shard.world_size == 1:
-        return F.embedding(input_ids, weight)
+        return _lookup(input_ids, weight)
     rows = weight.shape[0]
     local = input_ids - shard.rank * rows
     outside = (local < 0) | (local >= rows)
-    out = F.embedding(local.masked_fill(outside, 0), weight)
+    out = _lookup(local.masked_fill(outside, 0), weight)
     out.masked_fill_(outside.unsqueeze(-1), 0.0)
     dist.all_reduce(out)
     return out

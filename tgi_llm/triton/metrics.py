@@ -43,6 +43,7 @@ _GAUGES = {
     "tgi_kv_blocks_used": "KV-cache blocks held by requests",
     "tgi_kv_blocks_free": "KV-cache blocks free (including cached ones no request holds)",
     "tgi_kv_blocks_cached": "Free KV-cache blocks that hold reusable prefix-cache entries",
+    "tgi_memory_bytes": "Bytes held by the model process at start-up, by kind (weights, kv_cache, other)",
     # vLLM's names, read by Kubernetes' Gateway API Inference Extension to route between servers.
     "vllm:num_requests_waiting": "Requests waiting to be admitted into the batch",
     "vllm:num_requests_running": "Requests in the running batch",
@@ -125,6 +126,11 @@ class TgiMetrics:
         self._advance("tgi_grammar_compiled", stats.grammar_compiled)
         self._advance("tgi_grammar_cache_hits", stats.grammar_cache_hits)
         self._advance("tgi_grammar_compile_seconds", stats.grammar_compile_s)
+
+    def memory(self, account: Any) -> None:
+        """A tgi_llm.memory.MemoryAccount: weights, the KV pool, and the rest of the resident memory."""
+        for kind, value in (("weights", account.weights), ("kv_cache", account.kv_cache), ("other", account.other)):
+            self._metric("tgi_memory_bytes", kind=kind).set(float(value))
 
     def steps(self, steps: Iterable[StepStats]) -> None:
         counts: dict[str, int] = {}

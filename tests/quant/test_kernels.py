@@ -1,0 +1,104 @@
+"""The weight-only C kernels against a float64 reference over ragged shapes, and the torch fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tgi_llm.quant.kernels as kernels_mod
+from tgi_llm.native_build import NativeBuildError
+from tgi_llm.quant.formats import quantize_int4, quantize_int8
+from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
+
+kernel = kernels_mod.quant_kernels()
+needs_kernel = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
+
+LAYOUTS = [
+    ("int4 g32", lambda w: quantize_int4(w, 32)),
+    ("int4 g64 fp32 scales", lambda w: quantize_int4(w * 1e5, 64)),  # scales past float16's range
+    ("int4 g32 x8 order", lambda w: quantize_int4(w, 32).with_order("x8") if w.shape[1] % 64 == 0 else None),
+    ("int4 g128 x8 order", lambda w: quantize_int4(w, 128).with_order("x8") if w.shape[1] % 128 == 0 else None),
+    ("int8 per channel", lambda w: quantize_int8(w)),
+    ("int8 g16", lambda w: quantize_int8(w, 16)),
+]
+
+
+@needs_kernel
+@pytest.mark.parametrize(("name", "make"), LAYOUTS)
+@pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (64, 192), (130, 576)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_linear_matches_float64_reference(name, make, n, k, m):
+    gen = torch.Generator().manual_seed(n * 1000 + k + m)
+    w = make(torch.randn(n, k, generator=gen))
+    if w is None:
+        pytest.skip(f"{name} needs in_features divisible by its block")
+    x = torch.randn(m, k, generator=gen)
+    want = (x.double() @ w.dequantize().double().T).float()
+    scale = want.abs().max().item() + 1
+    torch.testing.assert_close(kernel.linear(x, w), want, rtol=1e-5, atol=1e-5 * scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("name", "make"), LAYOUTS)
+def test_dequantize_is_bit_exact_with_torch(name, make):
+    w = make(torch.randn(45, 256, generator=torch.Generator().manual_seed(3)))
+    assert w is not None
+    assert torch.equal(kernel.dequantize(w), w.dequantize())
+    assert torch.equal(kernel.dequantize(w, 7, 30), w.dequantize()[7:30])
+
+
+@needs_kernel
+def test_strided_rows_and_batch_independence():
+    """Rows of a wider activation (a view) work, and a row's result does not depend on its batch-mates."""
+    gen = torch.Generator().manual_seed(5)
+    w = quantize_int4(torch.randn(96, 128, generator=gen)).with_order("x8")
+    wide = torch.randn(7, 200, generator=gen)
+    x = wide[:, 10:138]
+    together = kernel.linear(x, w)
+    for i in range(7):
+        assert torch.equal(kernel.linear(x[i:i + 1].contiguous(), w)[0], together[i])
+
+
+@pytest.mark.parametrize("tokens", [1, GEMM_MIN_TOKENS + 3])
+def test_quant_linear_serves_without_the_kernel(monkeypatch, tokens):
+    """The torch fallback (no compiler, failed self-check, TGI_LLM_QUANT_KERNELS=0) gives the same result."""
+    gen = torch.Generator().manual_seed(7)
+    w, bias = quantize_int4(torch.randn(40, 64, generator=gen)), torch.randn(40, generator=gen)
+    x = torch.randn(tokens, 64, generator=gen)
+    want = torch.nn.functional.linear(x.double(), w.dequantize().double(), bias.double()).float()
+    fast = QuantLinear(w, bias)
+    monkeypatch.setattr(kernels_mod, "_kernels", None)
+    monkeypatch.setattr(kernels_mod, "_tried", True)
+    slow = QuantLinear(w, bias)
+    assert slow.kernels is None
+    torch.testing.assert_close(slow(x), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-4)
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("TGI_LLM_QUANT_KERNELS", "0")
+    monkeypatch.setattr(kernels_mod, "_kernels", None)
+    monkeypatch.setattr(kernels_mod, "_tried", False)
+    assert kernels_mod.quant_kernels() is None
+
+
+def test_a_failed_build_means_the_torch_path(monkeypatch, caplog):
+    def broken(*_a, **_k):
+        raise NativeBuildError("no compiler here")
+
+    monkeypatch.setattr(kernels_mod, "build_library", broken)
+    monkeypatch.setattr(kernels_mod, "_kernels", None)
+    monkeypatch.setattr(kernels_mod, "_tried", False)
+    monkeypatch.delenv("TGI_LLM_QUANT_KERNELS", raising=False)
+    assert kernels_mod.quant_kernels() is None
+    assert "no compiler here" in caplog.text
+
+
+@needs_kernel
+def test_quant_linear_uses_the_kernels_byte_order_and_the_tied_table_follows(tiny_model_factory):
+    from tgi_llm.models import load_model
+    from tgi_llm.quant.modes import Quantization
+
+    model, _ = load_model(tiny_model_factory("llama", tie_word_embeddings=True), quantization=Quantization("int4"))
+    assert model.layers[0].gate_up.qweight.order == "x8"  # in_features 64: the x8 order applies
+    assert model.embed_quant.codes.data_ptr() == model.lm_head_quant.qweight.codes.data_ptr()

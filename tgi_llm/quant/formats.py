@@ -1,0 +1,183 @@
+"""Weight-only quantized linear weights: the two layouts the C kernels read, in plain torch.
+
+Every GGUF type we serve and both `--quantize` modes map exactly onto one of two layouts, so one pair
+of kernels serves them all:
+
+- ``q4``: 4-bit unsigned codes q in [0, 15], w = q * scale + min per group of `group` weights along K
+  (asymmetric). Codes are packed as GGUF's Q4_0/Q4_1 blocks pack them: per 32 weights 16 bytes, byte j
+  holding element j in its low nibble and element j + 16 in its high nibble. Q4_0 (scale d, min -8d),
+  Q4_1 (d, m) and Q4_K (d * sub-scale, -dmin * sub-min, per 32) are all this layout, without rounding.
+- ``q8``: signed 8-bit codes, w = q * scale per group (symmetric). Q8_0 (group 32) and Q6_K (codes
+  -32..31, scale d * sub-scale per 16) are this layout, again exactly.
+
+q4 codes have a second byte order, ``x8`` (QuantLinear switches to it when the C kernels serve): per 64
+weights, 8 little-endian 32-bit words, nibble i of word j holding weight 8i + j. Then `(word >> 4i) & 15`
+turns 8 codes into 8 lanes with two plain vector ops, no byte shuffles, which is what bounds the
+GGUF-order kernel on AVX2 (its byte-to-lane widening runs on one shuffle port).
+
+Scales are float16 where the source's are (GGUF's d and m) and float32 where a product of two scales
+is exact only there (K-quants). Dequantizing here is exact: the products q * scale are exact in float32
+and each weight is rounded once, as gguf-py (and so transformers' GGUF loader) rounds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+
+Kind = Literal["q4", "q8"]
+BLOCK = 32  # q4 codes are packed in blocks of 32 weights (16 bytes)
+
+
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """A linear weight [out_features, in_features] in one of the two layouts above."""
+
+    kind: Kind
+    codes: torch.Tensor  # q4: uint8 [N, K / 2]; q8: int8 [N, K]
+    scales: torch.Tensor  # [N, K / group], float16 or float32
+    mins: torch.Tensor | None  # q4 only, like scales
+    group: int
+    in_features: int
+    source: str = ""  # what it came from ("Q4_1", "int4", ...), for logs and the memory account
+    order: str = "gguf"  # q4 code byte order: "gguf" (as in the file) or "x8" (see above)
+
+    def __post_init__(self) -> None:
+        n, k, g = self.out_features, self.in_features, self.group
+        if self.kind not in ("q4", "q8"):
+            raise ValueError(f"unknown layout {self.kind!r}")
+        step = BLOCK if self.kind == "q4" else 16
+        if g % step or k % g:
+            raise ValueError(f"{self.kind}: group {g} must be a multiple of {step} dividing in_features {k}")
+        want = (n, k // 2) if self.kind == "q4" else (n, k)
+        dtype = torch.uint8 if self.kind == "q4" else torch.int8
+        if tuple(self.codes.shape) != want or self.codes.dtype != dtype:
+            got = f"{self.codes.dtype} {tuple(self.codes.shape)}"
+            raise ValueError(f"{self.kind} codes must be {dtype} {want}, got {got}")
+        if tuple(self.scales.shape) != (n, k // g) or self.scales.dtype not in (torch.float16, torch.float32):
+            raise ValueError(f"scales must be float16/float32 {(n, k // g)}, got {self.scales.dtype} "
+                             f"{tuple(self.scales.shape)}")
+        if self.order not in ("gguf", "x8") or (self.order == "x8" and (self.kind != "q4" or k % 64)):
+            raise ValueError(f"byte order {self.order!r} is for q4 codes with in_features % 64 == 0")
+        if (self.mins is None) != (self.kind == "q8"):
+            raise ValueError("q4 needs mins, q8 has none")
+        if self.mins is not None and (self.mins.shape != self.scales.shape or self.mins.dtype != self.scales.dtype):
+            raise ValueError("mins must match scales in shape and dtype")
+
+    @property
+    def out_features(self) -> int:
+        return self.codes.shape[0]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.out_features, self.in_features
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.codes, self.scales, self.mins) if t is not None]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def contiguous(self) -> QuantizedWeight:
+        return replace(self, codes=self.codes.contiguous(), scales=self.scales.contiguous(),
+                       mins=None if self.mins is None else self.mins.contiguous())
+
+    def rows(self, index: torch.Tensor | slice) -> QuantizedWeight:
+        """A subset (or permutation) of output rows: rows are quantized independently, so this is exact."""
+        pick = (lambda t: t[index]) if isinstance(index, slice) else (lambda t: t.index_select(0, index))
+        return replace(self, codes=pick(self.codes), scales=pick(self.scales),
+                       mins=None if self.mins is None else pick(self.mins)).contiguous()
+
+    def columns(self, start: int, stop: int) -> QuantizedWeight:
+        """Input features [start, stop), which must fall on group boundaries (a row-parallel shard)."""
+        if start % self.group or stop % self.group:
+            raise ValueError(f"columns {start}:{stop} do not fall on {self.group}-weight group boundaries")
+        if self.order == "x8" and (start % 64 or stop % 64):
+            return self.with_order("gguf").columns(start, stop)
+        per_byte = 2 if self.kind == "q4" else 1
+        g0, g1 = start // self.group, stop // self.group
+        return replace(self, codes=self.codes[:, start // per_byte:stop // per_byte], scales=self.scales[:, g0:g1],
+                       mins=None if self.mins is None else self.mins[:, g0:g1], in_features=stop - start).contiguous()
+
+    def dequantize(self, rows: torch.Tensor | slice | None = None) -> torch.Tensor:
+        """float32 [N, K] (or the chosen rows) in plain torch: the reference and the fallback."""
+        w = self if rows is None else self.rows(rows)
+        n, k, g = w.out_features, w.in_features, w.group
+        if w.kind == "q4":
+            q = w.q4_codes().view(n, k // g, g).float()
+            return (q * w.scales.float()[..., None] + w.mins.float()[..., None]).view(n, k)
+        return (w.codes.view(n, k // g, g).float() * w.scales.float()[..., None]).view(n, k)
+
+
+    def q4_codes(self) -> torch.Tensor:
+        """The q4 codes one per byte, [N, K], in weight order."""
+        n, k = self.codes.shape[0], self.in_features
+        if self.order == "x8":
+            words = self.codes.contiguous().view(torch.int32).view(n, k // 64, 8)  # little-endian words
+            shifts = torch.arange(0, 32, 4, dtype=torch.int32).view(1, 1, 8, 1)
+            return ((words[:, :, None, :] >> shifts) & 15).to(torch.uint8).view(n, k)  # [., ., i, j]
+        packed = self.codes.view(n, k // BLOCK, BLOCK // 2)
+        return torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k)
+
+    def with_order(self, order: str) -> QuantizedWeight:
+        """The same q4 weight with its codes in `order` (same bytes, rearranged)."""
+        if order == self.order:
+            return self
+        n, k = self.codes.shape[0], self.in_features
+        if order == "x8" and (self.kind != "q4" or k % 64):
+            raise ValueError(f"byte order 'x8' is for q4 codes with in_features % 64 == 0, not {self.kind} {k}")
+        q = self.q4_codes()
+        if order == "x8":
+            parts = q.view(n, k // 64, 8, 8).to(torch.int64) << (4 * torch.arange(8).view(1, 1, 8, 1))
+            words = parts.sum(dim=2)  # [n, k/64, 8]: word j = sum_i code(8i + j) << 4i
+            codes = words.to(torch.int32).contiguous().view(torch.uint8).view(n, k // 2)
+        else:
+            pairs = q.view(n, k // BLOCK, 2, BLOCK // 2)
+            codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, k // 2)
+        return replace(self, codes=codes.contiguous(), order=order)
+
+
+def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
+    """Fuse linears along the output dim (q/k/v, gate/up): their layouts must agree."""
+    first = parts[0]
+    if len(parts) == 1:
+        return first
+    for p in parts[1:]:
+        if (p.kind, p.group, p.in_features, p.scales.dtype, p.order) != (
+                first.kind, first.group, first.in_features, first.scales.dtype, first.order):
+            raise ValueError(f"cannot fuse {first.source} and {p.source} weights: layouts differ")
+    cat = lambda ts: torch.cat(ts, dim=0)  # noqa: E731
+    return replace(first, codes=cat([p.codes for p in parts]), scales=cat([p.scales for p in parts]),
+                   mins=None if first.mins is None else cat([p.mins for p in parts]))
+
+
+def _scale_dtype(scales: torch.Tensor, *others: torch.Tensor) -> torch.dtype:
+    """float16 when every value fits it (half the scale bytes), else float32."""
+    return torch.float16 if all(t.abs().max() < 6e4 for t in (scales, *others)) else torch.float32
+
+
+def quantize_int8(weight: torch.Tensor, group: int | None = None) -> QuantizedWeight:
+    """Symmetric int8 per group along K (per output channel when group is None, like TGI's EETQ)."""
+    n, k = weight.shape
+    group = group or k
+    w = weight.detach().float().reshape(n, k // group, group)
+    scales = (w.abs().amax(-1) / 127.0).clamp(min=1e-12)
+    codes = torch.round(w / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
+    return QuantizedWeight("q8", codes, scales, None, group, k, source=f"int8 g{group}")
+
+
+def quantize_int4(weight: torch.Tensor, group: int = 32) -> QuantizedWeight:
+    """Asymmetric uint4 per group (min and step per group, like GGUF's Q4_1)."""
+    n, k = weight.shape
+    w = weight.detach().float().reshape(n, k // group, group)
+    lo, hi = w.amin(-1), w.amax(-1)
+    dtype = _scale_dtype(lo, hi)
+    scales = ((hi - lo) / 15.0).clamp(min=1e-8).to(dtype)
+    mins = lo.to(dtype)
+    q = torch.round((w - mins.float()[..., None]) / scales.float()[..., None]).clamp(0, 15).to(torch.uint8)
+    q = q.reshape(n, k // BLOCK, 2, BLOCK // 2)
+    codes = (q[:, :, 0] | (q[:, :, 1] << 4)).reshape(n, k // 2)
+    return QuantizedWeight("q4", codes.contiguous(), scales, mins, group, k, source=f"int4 g{group}")

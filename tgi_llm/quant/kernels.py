@@ -1,0 +1,551 @@
+"""Weight-only quantized linears in C: read the 4-/8-bit codes, dequantize in registers, fp32 FMA.
+
+At a few tokens per step a linear is a stream of weight bytes; reading 4.5-8.5 bits per weight instead
+of 32 is what makes a GGUF model fast (llama.cpp reads its Q4_1 file as it is). Activations stay float32
+and every product is accumulated in float32, so the result is the float linear over the exactly
+dequantized weights up to summation order (no activation quantization, unlike ggml's integer dots).
+
+Per output row and group: s = sum(q * x) over the group's codes (converted to float in registers),
+y += scale * s, plus, for q4, min * sum(x over the group) (the group sums of x computed once per call).
+Rows are split over OpenMP threads; each row's codes are read once for up to 4 activation rows at a time.
+The code uses GCC vector extensions on 16 floats, so -march=native (native_build) turns it into AVX-512
+or pairs of AVX2 instructions on the CPU at hand; float16 scales go through F16C where the CPU has it.
+
+Built at model load by `tgi_llm.native_build`, checked against the torch reference, optional: when it is
+unavailable (no compiler, failed check, TGI_LLM_QUANT_KERNELS=0) QuantLinear dequantizes in torch.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from tgi_llm.native_build import build_library
+from tgi_llm.quant.formats import QuantizedWeight
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = r"""
+#include <stdint.h>
+#include <string.h>
+#include <stdlib.h>
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* Native-width vectors through intrinsics (GCC keeps arrays of its generic vectors, and byte-to-float
+   conversions of them, in memory: 10x slower here). A plain 8-lane GCC vector elsewhere. */
+#if defined(__AVX512F__)
+#define VL 16
+typedef __m512 V;
+#define vld(p) _mm512_loadu_ps(p)
+#define vst(p, v) _mm512_storeu_ps(p, v)
+#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vmul(a, b) _mm512_mul_ps(a, b)
+#define vadd(a, b) _mm512_add_ps(a, b)
+#define vset1(x) _mm512_set1_ps(x)
+#define vzero() _mm512_setzero_ps()
+static inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define VL 8
+typedef __m256 V;
+#define vld(p) _mm256_loadu_ps(p)
+#define vst(p, v) _mm256_storeu_ps(p, v)
+#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vmul(a, b) _mm256_mul_ps(a, b)
+#define vadd(a, b) _mm256_add_ps(a, b)
+#define vset1(x) _mm256_set1_ps(x)
+#define vzero() _mm256_setzero_ps()
+static inline float vsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+#define VL 8
+typedef float V __attribute__((vector_size(32)));
+static inline V vld(const float* p) { V v; memcpy(&v, p, sizeof v); return v; }
+static inline void vst(float* p, V v) { memcpy(p, &v, sizeof v); }
+#define vfma(a, b, c) ((a) * (b) + (c))
+#define vmul(a, b) ((a) * (b))
+#define vadd(a, b) ((a) + (b))
+#define vset1(x) ((V){0} + (x))
+#define vzero() ((V){0})
+static inline float vsum(V v) { float s = 0.f; for (int i = 0; i < VL; i++) s += v[i]; return s; }
+#endif
+#define NV (32 / VL) /* vectors per 32 weights */
+#define MT 4         /* activation rows per pass over a weight row */
+#define UNROLL _Pragma("GCC unroll 16")
+
+/* 32 codes of a q4 block (16 bytes: element j in the low nibble of byte j, j + 16 in its high nibble) as
+   NV float vectors, in order */
+static inline void unpack_q4(const uint8_t* p, V* out) {
+#if defined(__AVX512F__)
+    const __m128i r = _mm_loadu_si128((const __m128i*)p), m = _mm_set1_epi8(15);
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(r, m)));
+    out[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(r, 4), m)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m128i r = _mm_loadu_si128((const __m128i*)p), m = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(r, m), hi = _mm_and_si128(_mm_srli_epi16(r, 4), m);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    out[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    out[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+#else
+    for (int j = 0; j < 16; j++) {
+        out[j / VL][j % VL] = (float)(p[j] & 15);
+        out[(j + 16) / VL][j % VL] = (float)(p[j] >> 4);
+    }
+#endif
+}
+
+/* 16 signed codes as 16 / VL float vectors */
+static inline void unpack_q8(const int8_t* p, V* out) {
+#if defined(__AVX512F__)
+    out[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m128i r = _mm_loadu_si128((const __m128i*)p);
+    out[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(r));
+    out[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(r, 8)));
+#else
+    for (int j = 0; j < 16; j++) out[j / VL][j % VL] = (float)p[j];
+#endif
+}
+
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    uint32_t bits;
+    if (exp == 0x1F) bits = sign | 0x7F800000u | (man << 13);
+    else if (exp) bits = sign | ((exp + 112) << 23) | (man << 13);
+    else if (!man) bits = sign;
+    else { /* subnormal half: normalize */
+        int e = -1;
+        uint32_t m = man;
+        do { e++; m <<= 1; } while (!(m & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
+}
+
+static inline __attribute__((always_inline)) float scale_at(const void* s, const int F16, int64_t i) {
+    return F16 ? half_to_float(((const uint16_t*)s)[i]) : ((const float*)s)[i];
+}
+
+/* one row's scales as float32 */
+static inline void row_scales(const void* s, int f16, int64_t row, int64_t G, float* out) {
+    if (f16) {
+        const uint16_t* p = (const uint16_t*)s + row * G;
+        for (int64_t i = 0; i < G; i++) out[i] = half_to_float(p[i]);
+    } else {
+        memcpy(out, (const float*)s + row * G, G * sizeof(float));
+    }
+}
+
+/* y[m] = sum_k w[k] x[m][k] for one q4 row and MTC activation rows */
+static inline __attribute__((always_inline)) void q4_row(
+    const uint8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t bpg,
+    const float* restrict x, const int64_t ldx, const float* restrict xs, const int64_t G, const int MTC,
+    float* restrict y, const int64_t ldy) {
+    const int P = 1; /* one FMA chain per activation row: more measured no faster (Zen 3) */
+    V acc[MT];
+    float msum[MT];
+    UNROLL for (int m = 0; m < MTC; m++) { acc[m] = vzero(); msum[m] = 0.f; }
+    for (int64_t gi = 0; gi < G; gi++) {
+        V s[MT][NV];
+        UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int i = 0; i < P; i++) s[m][i] = vzero();
+        for (int64_t b = gi * bpg; b < (gi + 1) * bpg; b++) {
+            V w[NV];
+            unpack_q4(q + b * 16, w);
+            UNROLL for (int i = 0; i < NV; i++)
+                UNROLL for (int m = 0; m < MTC; m++)
+                    s[m][i % P] = vfma(w[i], vld(x + m * ldx + b * 32 + i * VL), s[m][i % P]);
+        }
+        UNROLL for (int m = 0; m < MTC; m++) {
+            UNROLL for (int i = 1; i < P; i++) s[m][0] = vadd(s[m][0], s[m][i]);
+            acc[m] = vfma(s[m][0], vset1(scale_at(sc, F16, gi)), acc[m]);
+            msum[m] += scale_at(mn, F16, gi) * xs[m * G + gi];
+        }
+    }
+    UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = vsum(acc[m]) + msum[m];
+}
+
+static inline __attribute__((always_inline)) void q8_row(
+    const int8_t* restrict q, const void* sc, const int F16, const int64_t g, const float* restrict x,
+    const int64_t ldx, const int64_t G, const int MTC, float* restrict y, const int64_t ldy) {
+    const int P = 1;
+    V acc[MT];
+    UNROLL for (int m = 0; m < MTC; m++) acc[m] = vzero();
+    for (int64_t gi = 0; gi < G; gi++) {
+        V s[MT][16 / VL];
+        UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int i = 0; i < P; i++) s[m][i] = vzero();
+        for (int64_t c = gi * g; c < (gi + 1) * g; c += 16) {
+            V w[16 / VL];
+            unpack_q8(q + c, w);
+            UNROLL for (int i = 0; i < 16 / VL; i++)
+                UNROLL for (int m = 0; m < MTC; m++)
+                    s[m][i % P] = vfma(w[i], vld(x + m * ldx + c + i * VL), s[m][i % P]);
+        }
+        UNROLL for (int m = 0; m < MTC; m++) {
+            UNROLL for (int i = 1; i < P; i++) s[m][0] = vadd(s[m][0], s[m][i]);
+            acc[m] = vfma(s[m][0], vset1(scale_at(sc, F16, gi)), acc[m]);
+        }
+    }
+    UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = vsum(acc[m]);
+}
+
+#define ROWS_PER_CHUNK 16
+#define MAX_GROUPS 4096 /* K / 32 at most: K <= 131072, checked in Python */
+
+/* x: [M, K] (row stride ldx), y: [M, N] (row stride ldy); codes [N, K/2] (q4) or [N, K] (q8);
+   scales/mins [N, K/g], float16 when f16 else float32. Threads split the output rows. */
+void q4_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+               const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g, bpg = g / 32;
+    float* xs = malloc(sizeof(float) * (M * G + 1)); /* group sums of x, for the mins */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t gi = 0; gi < G; gi++) {
+            float s = 0.f;
+            for (int64_t k = gi * g; k < (gi + 1) * g; k++) s += x[m * ldx + k];
+            xs[m * G + gi] = s;
+        }
+    const int64_t chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n1 = (c + 1) * ROWS_PER_CHUNK < N ? (c + 1) * ROWS_PER_CHUNK : N;
+        for (int64_t n = c * ROWS_PER_CHUNK; n < n1; n++) {
+            const void *sc = (const char*)scales + n * G * ss, *mn = (const char*)mins + n * G * ss;
+            const uint8_t* q = codes + n * (K / 2);
+            for (int64_t m0 = 0; m0 < M; m0 += MT) {
+                const float *xm = x + m0 * ldx, *xsm = xs + m0 * G;
+                float* ym = y + m0 * ldy + n;
+#define Q4(F, R) q4_row(q, sc, mn, F, bpg, xm, ldx, xsm, G, R, ym, ldy)
+                switch ((M - m0 < MT ? M - m0 : MT) * 2 + f16) {
+                    case 9: Q4(1, 4); break;
+                    case 8: Q4(0, 4); break;
+                    case 7: Q4(1, 3); break;
+                    case 6: Q4(0, 3); break;
+                    case 5: Q4(1, 2); break;
+                    case 4: Q4(0, 2); break;
+                    case 3: Q4(1, 1); break;
+                    default: Q4(0, 1); break;
+                }
+#undef Q4
+            }
+        }
+    }
+    free(xs);
+}
+
+void q8_linear(const int8_t* codes, const void* scales, int f16, int64_t g, const float* x, int64_t ldx,
+               float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g, chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n1 = (c + 1) * ROWS_PER_CHUNK < N ? (c + 1) * ROWS_PER_CHUNK : N;
+        for (int64_t n = c * ROWS_PER_CHUNK; n < n1; n++) {
+            const void* sc = (const char*)scales + n * G * ss;
+            const int8_t* q = codes + n * K;
+            for (int64_t m0 = 0; m0 < M; m0 += MT) {
+                const float* xm = x + m0 * ldx;
+                float* ym = y + m0 * ldy + n;
+#define Q8(F, R) q8_row(q, sc, F, g, xm, ldx, G, R, ym, ldy)
+                switch ((M - m0 < MT ? M - m0 : MT) * 2 + f16) {
+                    case 9: Q8(1, 4); break;
+                    case 8: Q8(0, 4); break;
+                    case 7: Q8(1, 3); break;
+                    case 6: Q8(0, 3); break;
+                    case 5: Q8(1, 2); break;
+                    case 4: Q8(0, 2); break;
+                    case 3: Q8(1, 1); break;
+                    default: Q8(0, 1); break;
+                }
+#undef Q8
+            }
+        }
+    }
+}
+
+/* ---- q4 codes in the "x8" byte order: per 64 weights 8 words, nibble i of word j = weight 8i + j ---- */
+
+/* 8 codes (weights 8i .. 8i + 7 of a 64-chunk) as floats: a shift, a mask, a conversion */
+#if defined(__AVX2__) && defined(__FMA__)
+typedef __m256i W8;
+static inline W8 x8_load(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+static inline __m256 x8_codes(W8 v, int i) {
+    return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(v, 4 * i), _mm256_set1_epi32(15)));
+}
+#define X8V __m256
+#define x8ld(p) _mm256_loadu_ps(p)
+#define x8fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define x8zero() _mm256_setzero_ps()
+#define x8set1(v) _mm256_set1_ps(v)
+static inline float x8sum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#else
+typedef struct { uint32_t w[8]; } W8;
+typedef float X8V __attribute__((vector_size(32)));
+static inline W8 x8_load(const uint8_t* p) { W8 v; memcpy(v.w, p, 32); return v; }
+static inline X8V x8_codes(W8 v, int i) {
+    X8V f;
+    for (int j = 0; j < 8; j++) f[j] = (float)((v.w[j] >> (4 * i)) & 15);
+    return f;
+}
+static inline X8V x8ld(const float* p) { X8V v; memcpy(&v, p, 32); return v; }
+#define x8fma(a, b, c) ((a) * (b) + (c))
+#define x8zero() ((X8V){0})
+#define x8set1(v) ((X8V){0} + (v))
+static inline float x8sum(X8V v) { float s = 0.f; for (int j = 0; j < 8; j++) s += v[j]; return s; }
+#endif
+
+/* A row's scales and mins per 32-weight block as float32 (F16C converts 8 at a time) */
+static inline void block_scales(const void* s, const int f16, const int64_t g, const int64_t B, float* out) {
+#if defined(__F16C__)
+    if (f16 && g == 32) {
+        int64_t b = 0;
+        for (; b + 8 <= B; b += 8)
+            _mm256_storeu_ps(out + b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)s + b))));
+        for (; b < B; b++) out[b] = half_to_float(((const uint16_t*)s)[b]);
+        return;
+    }
+#endif
+    for (int64_t b = 0; b < B; b++) out[b] = f16 ? half_to_float(((const uint16_t*)s)[b * 32 / g])
+                                                : ((const float*)s)[b * 32 / g];
+}
+
+static inline __attribute__((always_inline)) void q4x8_row(
+    const uint8_t* restrict q, const float* restrict scb, const float* restrict x, const int64_t ldx,
+    const int MTC, const int64_t K, float* restrict y, const int64_t ldy) {
+    X8V acc[MT][2]; /* one per half: two independent accumulation chains */
+    UNROLL for (int m = 0; m < MTC; m++) acc[m][0] = acc[m][1] = x8zero();
+    for (int64_t c = 0; c < K / 64; c++) {
+        const W8 v = x8_load(q + 32 * c);
+        UNROLL for (int h = 0; h < 2; h++) { /* two 32-weight blocks per word set */
+            X8V s[MT];
+            UNROLL for (int m = 0; m < MTC; m++) s[m] = x8zero();
+            UNROLL for (int i = 4 * h; i < 4 * h + 4; i++) {
+                const X8V w = x8_codes(v, i);
+                UNROLL for (int m = 0; m < MTC; m++) s[m] = x8fma(w, x8ld(x + m * ldx + 64 * c + 8 * i), s[m]);
+            }
+            const X8V scale = x8set1(scb[2 * c + h]);
+            UNROLL for (int m = 0; m < MTC; m++) acc[m][h] = x8fma(s[m], scale, acc[m][h]);
+        }
+    }
+    UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = x8sum(acc[m][0] + acc[m][1]);
+}
+
+void q4x8_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+                 const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g, B = K / 32;
+    float* xsb = malloc(sizeof(float) * (M * B + 1)); /* sums of x per 32-weight block, for the mins */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < B; b++) {
+            float s = 0.f;
+            for (int64_t k = 32 * b; k < 32 * b + 32; k++) s += x[m * ldx + k];
+            xsb[m * B + b] = s;
+        }
+    const int64_t chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        float scb[MAX_GROUPS], mnb[MAX_GROUPS];
+        const int64_t n1 = (c + 1) * ROWS_PER_CHUNK < N ? (c + 1) * ROWS_PER_CHUNK : N;
+        for (int64_t n = c * ROWS_PER_CHUNK; n < n1; n++) {
+            block_scales((const char*)scales + n * G * ss, f16, g, B, scb);
+            block_scales((const char*)mins + n * G * ss, f16, g, B, mnb);
+            const uint8_t* q = codes + n * (K / 2);
+            for (int64_t m0 = 0; m0 < M; m0 += MT) {
+                const float* xm = x + m0 * ldx;
+                float* ym = y + m0 * ldy + n;
+                switch (M - m0 < MT ? M - m0 : MT) {
+                    case 4: q4x8_row(q, scb, xm, ldx, 4, K, ym, ldy); break;
+                    case 3: q4x8_row(q, scb, xm, ldx, 3, K, ym, ldy); break;
+                    case 2: q4x8_row(q, scb, xm, ldx, 2, K, ym, ldy); break;
+                    default: q4x8_row(q, scb, xm, ldx, 1, K, ym, ldy); break;
+                }
+            }
+            for (int64_t m = 0; m < M; m++) { /* the mins: sum over blocks of min * (sum of x over the block) */
+                X8V a = x8zero();
+                int64_t b = 0;
+                for (; b + 8 <= B; b += 8) a = x8fma(x8ld(mnb + b), x8ld(xsb + m * B + b), a);
+                float t = x8sum(a);
+                for (; b < B; b++) t += mnb[b] * xsb[m * B + b];
+                y[m * ldy + n] += t;
+            }
+        }
+    }
+    free(xsb);
+}
+
+/* rows [n0, n1) as float32 into out [n1 - n0, K]: w = q * scale (+ min), rounded after the product and
+   after the sum like torch's and gguf-py's dequantization (no FMA contraction here: bit-exact results) */
+#define NO_FMA __attribute__((optimize("fp-contract=off")))
+NO_FMA void q4_dequant(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
+                       int64_t n0, int64_t n1, float* out, int nthreads) {
+    const int64_t G = K / g;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = n0; n < n1; n++) {
+        float sc[MAX_GROUPS], mn[MAX_GROUPS];
+        row_scales(scales, f16, n, G, sc);
+        row_scales(mins, f16, n, G, mn);
+        float* o = out + (n - n0) * K;
+        for (int64_t b = 0; b < K / 32; b++) {
+            V w[NV];
+            unpack_q4(codes + n * (K / 2) + b * 16, w);
+            const float s = sc[b * 32 / g], m = mn[b * 32 / g];
+            UNROLL for (int i = 0; i < NV; i++) {
+                const V p = vmul(w[i], vset1(s));
+                vst(o + b * 32 + i * VL, vadd(p, vset1(m)));
+            }
+        }
+    }
+}
+
+NO_FMA void q8_dequant(const int8_t* codes, const void* scales, int f16, int64_t g, int64_t K, int64_t n0,
+                       int64_t n1, float* out, int nthreads) {
+    const int64_t G = K / g;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = n0; n < n1; n++) {
+        float sc[MAX_GROUPS];
+        row_scales(scales, f16, n, G, sc);
+        float* o = out + (n - n0) * K;
+        for (int64_t c = 0; c < K; c += 16) {
+            V w[16 / VL];
+            unpack_q8(codes + n * K + c, w);
+            UNROLL for (int i = 0; i < 16 / VL; i++) vst(o + c + i * VL, vmul(w[i], vset1(sc[c / g])));
+        }
+    }
+}
+
+NO_FMA void q4x8_dequant(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
+                         int64_t n0, int64_t n1, float* out, int nthreads) {
+    const int64_t G = K / g;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t n = n0; n < n1; n++) {
+        const void *sc = (const char*)scales + n * G * ss, *mn = (const char*)mins + n * G * ss;
+        float* o = out + (n - n0) * K;
+        for (int64_t c = 0; c < K / 64; c++) {
+            const W8 v = x8_load(codes + n * (K / 2) + 32 * c);
+            for (int i = 0; i < 8; i++) {
+                const int64_t gi = (64 * c + 8 * i) / g;
+                const X8V p = x8_codes(v, i) * x8set1(scale_at(sc, f16, gi));
+                const X8V w = p + x8set1(scale_at(mn, f16, gi));
+                memcpy(o + 64 * c + 8 * i, &w, 32);
+            }
+        }
+    }
+}
+"""
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class QuantKernels:
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))
+        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.q4_linear.argtypes = [p, p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
+        lib.q8_linear.argtypes = [p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
+        lib.q4_dequant.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, i32]
+        lib.q8_dequant.argtypes = [p, p, i32, i64, i64, i64, i64, p, i32]
+        lib.q4x8_linear.argtypes = lib.q4_linear.argtypes
+        lib.q4x8_dequant.argtypes = lib.q4_dequant.argtypes
+        for fn in (lib.q4_linear, lib.q8_linear, lib.q4_dequant, lib.q8_dequant, lib.q4x8_linear, lib.q4x8_dequant):
+            fn.restype = None
+        self._lib = lib
+
+    def linear(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] float32 (rows may be strided) -> [M, N] float32."""
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m, k = x.shape
+        assert k == w.in_features and x.dtype == torch.float32
+        y = torch.empty(m, w.out_features, dtype=torch.float32) if out is None else out
+        f16 = int(w.scales.dtype == torch.float16)
+        threads = torch.get_num_threads()
+        if w.kind == "q4":
+            fn = self._lib.q4x8_linear if w.order == "x8" else self._lib.q4_linear
+            fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, x.data_ptr(),
+                                x.stride(0), y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
+        else:
+            self._lib.q8_linear(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, x.data_ptr(), x.stride(0),
+                                y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
+        return y
+
+    def dequantize(self, w: QuantizedWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
+        """Rows [start, stop) as float32, exactly as QuantizedWeight.dequantize computes them."""
+        stop = w.out_features if stop is None else stop
+        out = torch.empty(stop - start, w.in_features, dtype=torch.float32)
+        f16 = int(w.scales.dtype == torch.float16)
+        threads = torch.get_num_threads()
+        if w.kind == "q4":
+            fn = self._lib.q4x8_dequant if w.order == "x8" else self._lib.q4_dequant
+            fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, w.in_features,
+                                 start, stop, out.data_ptr(), threads)
+        else:
+            self._lib.q8_dequant(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, w.in_features, start, stop,
+                                 out.data_ptr(), threads)
+        return out
+
+
+_lock = threading.Lock()
+_kernels: QuantKernels | None = None
+_tried = False
+
+
+def _self_check(kernels: QuantKernels) -> None:
+    """Every layout and scale dtype on small odd shapes against the torch reference: a library that loads
+    but computes wrong (a miscompile, a stale cache) must not serve requests."""
+    from tgi_llm.quant.formats import quantize_int4, quantize_int8
+
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(37, 128, generator=gen)
+    x = torch.randn(6, 128, generator=gen)
+    q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
+    for qw in (*q4, *(q.with_order("x8") for q in q4), quantize_int8(w, 16), quantize_int8(w, 32)):
+        dense = qw.dequantize()
+        if not torch.equal(kernels.dequantize(qw), dense):
+            raise RuntimeError(f"{qw.source} dequantization disagrees with torch")
+        if not torch.allclose(kernels.linear(x, qw), x @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
+            raise RuntimeError(f"{qw.source} linear disagrees with torch")
+
+
+def quant_kernels() -> QuantKernels | None:
+    """The compiled kernels, or None where they can't be built, load or pass their self-check, or are
+    switched off with TGI_LLM_QUANT_KERNELS=0. Decided once per process and logged once."""
+    global _kernels, _tried
+    if _tried:
+        return _kernels
+    with _lock:
+        if not _tried:
+            if os.environ.get("TGI_LLM_QUANT_KERNELS", "1") == "0":
+                logger.info("quantized linears: torch path (C kernels switched off by TGI_LLM_QUANT_KERNELS=0)")
+            else:
+                try:
+                    kernels = QuantKernels(build_library("quant_linear", _SOURCE))
+                    _self_check(kernels)
+                    _kernels = kernels
+                    logger.info("quantized linears: C kernels (pid %d)", os.getpid())
+                except Exception as exc:  # an optional fast path: whatever went wrong, serve with torch
+                    logger.warning("quantized linears: torch path, the C kernels are unavailable (pid %d): %s",
+                                   os.getpid(), exc)
+            _tried = True
+    return _kernels
