@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tgi_llm.bench.server import free_ports
+from tgi_llm.ports import free_ports
 
 MODEL = "tgi_llm"
 START_TIMEOUT_S = 900.0  # hang guard: first start may convert the GGUF
