@@ -140,6 +140,8 @@ class Responder:
                 next_poll = time.monotonic() + self._poll_interval_s
         for key in list(self._live):
             self._guard(self._finish_error, key, ShutdownError(), None)
+        if self._metrics is not None:
+            self._metrics.close()
 
     def _take(self, timeout: float | None) -> list[Any]:
         items: list[Any] = []
