@@ -86,7 +86,7 @@ def build_router(state: FrontState) -> APIRouter:
         if req.top_logprobs is not None and not req.logprobs:
             raise validation("`top_logprobs` requires `logprobs` == true")
         prompt = render_chat(state.tokenizer, req.messages)
-        return GenerateSpec(inputs=prompt, parameters=req.to_engine() | {"details": True}, stream=req.stream)
+        return state.spec(prompt, req.to_engine() | {"details": True}, req.stream)
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -160,9 +160,8 @@ def build_router(state: FrontState) -> APIRouter:
         if req.suffix:
             raise validation("`suffix` is not supported")
         params = req.to_engine() | {"details": True}
-        streams = [
-            state.client.stream(GenerateSpec(p, params, stream=req.stream), state.new_request_id()) for p in prompts
-        ]
+        specs = [state.spec(p, params, req.stream) for p in prompts]
+        streams = [state.client.stream(spec, state.new_request_id()) for spec in specs]
         stamp = _Stamp(state, "cmpl")
         if req.stream:
             merged = merge_streams(streams)
