@@ -134,9 +134,9 @@ INVALID = "StatusCode.INVALID_ARGUMENT"
         ({"max_tokens": 5000}, None, "max_new_tokens", INVALID),
         ({"text_input_override": "word " * 600}, None, "inputs", INVALID),  # prompt over max_input_tokens
         ({}, {"max_new_tokens": "ten"}, "max_new_tokens", INVALID),  # wrong parameter type
-        # Wrong tensor type: Triton itself rejects it before the model, and its gRPC frontend reports
-        # such request errors in-band, without a status code (even with `triton_grpc_error`).
-        ({"max_tokens": 4, "top_k": np.array([2.0], dtype=np.float32)}, None, "top_k", None),
+        # Wrong tensor type: Triton itself rejects it before the model and reports it in-band without a
+        # status code (even with `triton_grpc_error`); the gateway gives it one.
+        ({"max_tokens": 4, "top_k": np.array([2.0], dtype=np.float32)}, None, "top_k", INVALID),
     ],
 )
 def test_invalid_requests_get_invalid_arg_naming_the_field(server, tensors, parameters, field, code):

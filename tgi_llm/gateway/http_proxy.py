@@ -33,6 +33,8 @@ ADMIN_ROUTES = re.compile(
     rf"^/v2/(?:repository|systemsharedmemory|cudasharedmemory|trace|logging)(?:/|$)|^{_MODEL}/trace(?:/|$)"
 )
 CLOSED_MESSAGE = "Triton's model-repository, shared-memory, trace and logging APIs are not served to clients"
+DECOUPLED_MESSAGE = ("infer does not serve this model: it is decoupled (one request, many responses); use "
+                     "generate / generate_stream, or gRPC ModelStreamInfer")
 
 #: Not forwarded: hop-by-hop headers, the length (recomputed), encodings (bodies go plain both ways).
 _REQUEST_HEADERS_DROPPED = {
@@ -147,6 +149,8 @@ class GatewayApp:
             await send_json(send, 404, {"error": f"Not found: {path}"})
 
     def _check(self, scope: Scope, infer: re.Match, body: bytes) -> None:
+        if infer["action"] == "infer" and infer["model"] == self.model:
+            raise BadBody(DECOUPLED_MESSAGE)  # tritonserver refuses it too, but only after taking it in
         if infer["action"] == "infer":
             # The binary tensor extension: a JSON header of this many bytes, then raw tensor bytes.
             header = _header(scope, b"inference-header-content-length")
