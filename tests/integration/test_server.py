@@ -162,12 +162,13 @@ def test_over_max_concurrent_requests_is_unavailable_and_overloaded(server):
         assert reply.error is not None
         assert reply.error.status() == "StatusCode.UNAVAILABLE"
         assert reply.error.message() == "Model is overloaded"
+        assert http_generate(server, {"text_input": PROMPT, "max_tokens": 2}) == (429, {"error": "Model is overloaded"})
     finally:
         for s in streams:
             s.cancel()
     assert wait_until(lambda: kv_settled(server))
     overloaded = metric(read_metrics(server), "tgi_request_failure", err="overloaded")
-    assert overloaded == metric(before, "tgi_request_failure", err="overloaded") + 1
+    assert overloaded == metric(before, "tgi_request_failure", err="overloaded") + 2
     assert grpc_generate(server, "Hello", max_tokens=2).finals[-1] is True
 
 

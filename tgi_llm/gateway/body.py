@@ -54,6 +54,23 @@ def limited_receive(receive: Receive, limit: int) -> Receive:
     return wrapped
 
 
+#: A refused body is read (and dropped) up to this much before the 413 goes out: a server that answers and
+#: closes while the client still sends makes the client's TCP stack see a reset, not the 413.
+DRAIN_LIMIT = 64 * 1024 * 1024
+
+
+async def drain(receive: Receive, limit: int = DRAIN_LIMIT) -> None:
+    """Read the rest of a body without keeping it, up to `limit` bytes (the request deadline bounds the time)."""
+    seen = 0
+    while seen <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            return
+        seen += len(message.get("body", b""))
+        if not message.get("more_body", False):
+            return
+
+
 class BodyLimit:
     """ASGI middleware: a body over `limit` bytes gets `too_large(limit)` (a 413 response), refused from
     its Content-Length when it declares one, else when the bytes read pass the limit."""
@@ -69,6 +86,7 @@ class BodyLimit:
             return
         length = declared_length(scope)
         if length is not None and length > self.limit:
+            await drain(receive)
             await self.too_large(PayloadTooLarge(self.limit))(scope, receive, send)
             return
         started = False
@@ -83,6 +101,7 @@ class BodyLimit:
         except PayloadTooLarge as exc:
             if started:
                 raise
+            await drain(receive)
             await self.too_large(exc)(scope, receive, send)
 
 
