@@ -19,6 +19,7 @@ from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.triton.adapter import TritonAdapter
 from tgi_llm.triton.config import adapter_options, config_parameters, responder_options
 from tgi_llm.triton.health import HealthWatchdog
+from tgi_llm.triton.memory import IdleTrim
 from tgi_llm.triton.metrics import TgiMetrics
 from tgi_llm.triton.pb_api import PbRequestIO, PbResponses, pb_family_factory
 from tgi_llm.triton.responder import Responder
@@ -40,7 +41,7 @@ class TritonPythonModel:
         logger.info("engine ready: %s", limits)
         metrics = TgiMetrics(pb_family_factory(pb_utils), limits.max_input_tokens, limits.max_total_tokens)
         responder = Responder(PbResponses(pb_utils), metrics, engine.stats, engine.drain_step_stats,
-                              **responder_options(params))
+                              idle_trim=IdleTrim(), **responder_options(params))
         self.io = PbRequestIO(pb_utils)
         self.adapter = TritonAdapter(engine, responder, **adapter_options(params))
         self.adapter.start()
