@@ -27,8 +27,8 @@ logger = logging.getLogger("tgi_llm.gateway")
 
 SERVICE = "/inference.GRPCInferenceService/"
 STREAM_METHOD = "ModelStreamInfer"
-UNARY_METHODS = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer",
-                 "ModelConfig", "ModelStatistics"}
+UNARY_METHODS = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+                 "ModelStatistics"}
 ADMIN_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
                  "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
                  "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings"}

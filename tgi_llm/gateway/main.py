@@ -92,6 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     setup_logging(args.log_level, args.json_output)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     asyncio.run(serve(args))
     return 0
 
