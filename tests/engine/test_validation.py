@@ -96,3 +96,53 @@ def test_seed_is_kept_or_drawn(validator):
 def test_stop_accepts_a_single_string_and_drops_empty_ones(validator):
     assert validator.validate("hi", {"stop": "\n"}).stopping.stop_sequences == ("\n",)
     assert validator.validate("hi", {"stop": ["", "x"]}).stopping.stop_sequences == ("x",)
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting the characters it is asked to tokenize."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.chars = 0
+
+    def __call__(self, text, add_special_tokens=True):
+        self.chars += len(text)
+        return self.tokenizer(text, add_special_tokens=add_special_tokens)
+
+    def __len__(self):
+        return len(self.tokenizer)
+
+    def get_vocab(self):
+        return self.tokenizer.get_vocab()
+
+
+@pytest.fixture
+def counting(tokenizer):
+    lim = resolve_limits(LimitOptions(max_input_tokens=100, max_total_tokens=200, max_batch_prefill_tokens=256,
+                                      max_batch_total_tokens=1024), max_position_embeddings=None, kv_cache_tokens=None)
+    counting = CountingTokenizer(tokenizer)
+    return Validator(counting, lim), counting
+
+
+def test_a_huge_prompt_is_refused_from_its_length_without_tokenizing(counting):
+    validator, tokenizer = counting
+    longest = validator.max_token_chars
+    assert longest == max(len(t) for t in tokenizer.get_vocab())  # 81 for SmolLM2
+    with pytest.raises(ValidationError) as info:
+        validator.validate("word " * 10_000_000)  # 50 MB
+    assert str(info.value).startswith("`inputs` must have less than 100 tokens. Given: 50000000 characters")
+    assert tokenizer.chars == 0
+    # Just under the bound it is tokenized, and refused by its real token count as TGI does.
+    with pytest.raises(ValidationError, match="`inputs` must have less than 100 tokens. Given: "):
+        validator.validate("w" * (100 * longest))
+    assert tokenizer.chars == 100 * longest
+
+
+def test_with_truncate_only_the_prompts_end_is_tokenized_and_kept_tokens_match(counting):
+    validator, tokenizer = counting
+    prompt = " ".join(f"word{i}" for i in range(200_000))  # ~1.5 MB of ordinary text
+    got = validator.validate(prompt, {"truncate": 50, "max_new_tokens": 5})
+    assert tokenizer.chars <= (50 + 16) * validator.max_token_chars
+    whole = tokenizer.tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    assert list(got.input_ids) == whole[-50:]
+    assert got.input_text == prompt  # return_full_text still returns the whole prompt

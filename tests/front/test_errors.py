@@ -18,6 +18,10 @@ from tgi_llm.front.errors import from_triton
         ("failed to connect to all addresses", "StatusCode.UNAVAILABLE", "unavailable", 503),
         ("Request failed during generation: CUDA error", None, "generation", 424),
         ("", "StatusCode.INTERNAL", "generation", 424),
+        # The model is not loaded (yet, or any more): TGI's 503, not 424.
+        ("Request for unknown model: 'tgi_llm' is not found", "StatusCode.NOT_FOUND", "unavailable", 503),
+        ("Request for unknown model: 'tgi_llm' has no available versions", None, "unavailable", 503),
+        ("Stub process 'tgi_llm_0_0' is not healthy.", None, "unavailable", 503),
     ],
 )
 def test_classification(message: str, status: str | None, error_type: str, code: int) -> None:

@@ -8,8 +8,11 @@ from .harness import START_TIMEOUT_S, Launched, launch, wait_until
 
 #: Small limits keep the KV pool (and the tests) small: 16384 tokens = 1024 blocks of 16.
 MAX_CONCURRENT_REQUESTS = 40
+#: A short request deadline, so the slow-client test does not wait 30 s.
+REQUEST_READ_TIMEOUT_S = 3
 SERVER_FLAGS = ("--max-input-tokens", "512", "--max-total-tokens", "1024", "--max-batch-total-tokens", "16384",
-                "--max-concurrent-requests", str(MAX_CONCURRENT_REQUESTS))
+                "--max-concurrent-requests", str(MAX_CONCURRENT_REQUESTS),
+                "--request-read-timeout", str(REQUEST_READ_TIMEOUT_S))
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tgi_llm.bench.server import free_ports
+from tgi_llm.ports import free_ports
 
 MODEL = "tgi_llm"
 START_TIMEOUT_S = 900.0  # hang guard: first start may convert the GGUF
@@ -73,6 +73,35 @@ class Launched:
                 self.process.wait()
                 return -9
         return self.process.returncode
+
+
+@dataclass(frozen=True)
+class Loopback:
+    """tritonserver's own ports (127.0.0.1 only, behind the gateway) and the launcher's admin secret, read
+    from its command line as a local process could."""
+
+    http_port: int
+    grpc_port: int
+    admin_secret: str
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+def loopback(server: Launched) -> Loopback:
+    from tgi_llm.launcher.security import ADMIN_HEADER
+    from tgi_llm.procfs import children, cmdline
+
+    (argv,) = [cmdline(p) for p in children(server.process.pid) if cmdline(p)[0].endswith("/tritonserver")]
+    flags = dict(a[2:].split("=", 1) for a in argv[1:] if a.startswith("--") and "=" in a)
+    (secret,) = [a.split(f"{ADMIN_HEADER}=", 1)[1] for a in argv if a.startswith("--http-restricted-api=")
+                 and f":{ADMIN_HEADER}=" in a]
+    return Loopback(int(flags["http-port"]), int(flags["grpc-port"]), secret)
 
 
 def launch(work_dir: Path, *flags: str, env: dict[str, str] | None = None) -> Launched:

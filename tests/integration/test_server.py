@@ -134,9 +134,9 @@ INVALID = "StatusCode.INVALID_ARGUMENT"
         ({"max_tokens": 5000}, None, "max_new_tokens", INVALID),
         ({"text_input_override": "word " * 600}, None, "inputs", INVALID),  # prompt over max_input_tokens
         ({}, {"max_new_tokens": "ten"}, "max_new_tokens", INVALID),  # wrong parameter type
-        # Wrong tensor type: Triton itself rejects it before the model, and its gRPC frontend reports
-        # such request errors in-band, without a status code (even with `triton_grpc_error`).
-        ({"max_tokens": 4, "top_k": np.array([2.0], dtype=np.float32)}, None, "top_k", None),
+        # Wrong tensor type: Triton itself rejects it before the model and reports it in-band without a
+        # status code (even with `triton_grpc_error`); the gateway gives it one.
+        ({"max_tokens": 4, "top_k": np.array([2.0], dtype=np.float32)}, None, "top_k", INVALID),
     ],
 )
 def test_invalid_requests_get_invalid_arg_naming_the_field(server, tensors, parameters, field, code):
@@ -162,12 +162,13 @@ def test_over_max_concurrent_requests_is_unavailable_and_overloaded(server):
         assert reply.error is not None
         assert reply.error.status() == "StatusCode.UNAVAILABLE"
         assert reply.error.message() == "Model is overloaded"
+        assert http_generate(server, {"text_input": PROMPT, "max_tokens": 2}) == (429, {"error": "Model is overloaded"})
     finally:
         for s in streams:
             s.cancel()
     assert wait_until(lambda: kv_settled(server))
     overloaded = metric(read_metrics(server), "tgi_request_failure", err="overloaded")
-    assert overloaded == metric(before, "tgi_request_failure", err="overloaded") + 1
+    assert overloaded == metric(before, "tgi_request_failure", err="overloaded") + 2
     assert grpc_generate(server, "Hello", max_tokens=2).finals[-1] is True
 
 

@@ -53,27 +53,33 @@ def test_model_that_fails_to_load_stops_the_launcher_with_a_clear_message(tmp_pa
 
 
 @pytest.mark.integration
-def test_model_process_killed_under_tritonserver_stops_the_launcher(tmp_path, tiny_llama_dir):
-    # Triton would go on reporting the model ready and fail every request ("Stub process ... is not
-    # healthy"); the launcher must stop instead, as TGI's does when a shard crashes.
+def test_model_process_killed_stops_the_launcher_within_10_s_with_on_model_failure_exit(tmp_path, tiny_llama_dir):
+    # TGI's behaviour (ShardFailed, exit 1) for an orchestrator to restart; the default restarts instead
+    # (tests/integration/test_model_failure.py).
     import signal
+    import time
 
     from tests.integration.harness import START_TIMEOUT_S, launch, wait_until
     from tgi_llm.launcher.process import STUB_BINARY
+    from tgi_llm.launcher.shm import SHM_DIR
     from tgi_llm.procfs import children, cmdline, pid_alive
 
     server = launch(tmp_path, "--model-id", str(tiny_llama_dir), "--max-batch-total-tokens", "4096",
-                    "--max-input-tokens", "256", "--max-total-tokens", "512")
+                    "--max-input-tokens", "256", "--max-total-tokens", "512", "--on-model-failure", "exit")
     try:
         # the launcher's own Ready line: from then on it watches the model's process
         assert wait_until(lambda: "INFO tgi_llm.launcher: Ready:" in server.log_path.read_text(), START_TIMEOUT_S)
-        (triton,) = children(server.process.pid)
+        (triton,) = [p for p in children(server.process.pid) if cmdline(p)[0].endswith("tritonserver")]
         stubs = [p for p in children(triton) if cmdline(p) and cmdline(p)[0].endswith(STUB_BINARY)]
         assert len(stubs) == 1, stubs
+        region = cmdline(stubs[0])[2]
         os.kill(stubs[0], signal.SIGKILL)
+        killed = time.monotonic()
         assert server.process.wait(120) == 1  # hang guard
+        assert time.monotonic() - killed < 10
         log = server.log_path.read_text()
         assert "ShardFailed" in log and f"pid {stubs[0]}) died" in log, server.log_tail()
         assert not pid_alive(triton)
+        assert not (SHM_DIR / region).exists()  # the dead stub's shared memory went with it
     finally:
         server.stop()

@@ -34,6 +34,29 @@ def test_wait_ready_gives_up_when_the_model_unloads_itself():
         server.wait()
 
 
+def test_only_our_models_unload_counts():
+    # Another model's unload (an admin loaded and unloaded one) must not stop the launcher.
+    other = UNLOAD_LINE.replace("'tgi_llm'", "'tgi_llm_other'")
+    child = f"import time; print({other!r}, flush=True); time.sleep(60)"
+    server = ServerProcess([sys.executable, "-c", child], env={}, model="tgi_llm")
+    server.start()
+    try:
+        assert server.wait_ready(_closed_port_url(), poll_s=0.05, timeout_s=1.0) is False  # timed out
+        assert not server.model_unloaded.is_set()
+    finally:
+        server.process.kill()
+        server.wait()
+
+
+def test_secrets_are_redacted_from_the_log(capsys):
+    child = "print('--http-restricted-api=logging:x-tgi-llm-admin=s3cr3t', flush=True)"
+    server = ServerProcess([sys.executable, "-c", child], env={}, redact=["s3cr3t"])
+    server.start()
+    server.wait()
+    err = capsys.readouterr().err
+    assert "s3cr3t" not in err and "x-tgi-llm-admin=***" in err
+
+
 def test_load_failure_reason_is_quoted_from_the_log():
     line = "E1122 failed to load 'tgi_llm' version 1: Internal: ValueError: bad config\\nmore"
     assert load_failure(line) == "Internal: ValueError: bad config"

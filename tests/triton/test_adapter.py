@@ -7,6 +7,7 @@ anything sent after it), however it ends.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -199,3 +200,24 @@ def test_metrics_count_the_traffic(make):
     assert sorted(f.observations("tgi_request_generated_tokens")) == [2.0, 3.0]
     assert f.value("tgi_batch_inference_count", method="prefill") >= 1
     assert f.value("tgi_kv_blocks_free") == h.engine.stats().kv_blocks_total
+
+
+def test_execute_returns_before_a_slow_tokenization_and_others_are_served_meanwhile(make):
+    h = make()
+    slow_started, release = threading.Event(), threading.Event()
+    validate = h.engine.validate
+
+    def slow_validate(inputs, params=None, stream=False):
+        if inputs == "slow":
+            slow_started.set()
+            assert release.wait(WAIT)
+        return validate(inputs, params, stream=stream)
+
+    h.engine.validate = slow_validate
+    slow = request("slow", max_new_tokens=2)
+    h.adapter.execute([slow], FakeIO())  # returns at once: tokenizing happens on a worker
+    assert slow_started.wait(WAIT) and not slow.sender.done.is_set()
+    (fast,) = h.run(request("Hello", max_new_tokens=2))  # the other worker serves it meanwhile
+    assert fast.sender.finals[0].error is None and not slow.sender.done.is_set()
+    release.set()
+    assert slow.sender.done.wait(WAIT) and slow.sender.finals[0].error is None

@@ -113,3 +113,12 @@ def test_guided_decoding_tensors_become_tgis_grammar():
 def test_malformed_requests_name_the_field(getter, params, field):
     with pytest.raises(ValidationError, match=field):
         parse_request(getter, params)
+
+
+def test_stop_list_is_bounded_before_its_strings_are_decoded():
+    many = np.array([b"\xff"] * 1000, dtype=np.object_)  # invalid UTF-8: decoding would fail differently
+    with pytest.raises(ValidationError, match="`stop` supports up to 4 stop sequences. Given: 1000"):
+        parse_request(tensors(text_input=text("Hi"), stop=many), None, max_stop_sequences=4)
+    ok = parse_request(tensors(text_input=text("Hi"), stop=np.array([b"a"] * 4, dtype=np.object_)), None,
+                       max_stop_sequences=4)
+    assert ok.params["stop"] == ["a"] * 4

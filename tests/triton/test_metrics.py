@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 from tgi_llm.engine.stats import EngineStats, StepStats
 from tgi_llm.errors import OverloadedError, ValidationError
 from tgi_llm.events import FinalEvent, FinishReason
@@ -99,3 +102,14 @@ def test_memory_gauge_by_kind():
     assert f.value("tgi_memory_bytes", kind="weights") == 100
     assert f.value("tgi_memory_bytes", kind="kv_cache") == 1000
     assert f.value("tgi_memory_bytes", kind="other") == 200  # 500 resident - 100 weights - 200 KV touched
+
+
+def test_close_lets_go_of_every_metric_and_family():
+    families = FakeFamilies()
+    metrics = TgiMetrics(families, max_input_tokens=10, max_total_tokens=20)
+    metrics.request_received()
+    refs = [weakref.ref(f) for f in families.families.values()]
+    families.families.clear()  # only the metrics object holds them now
+    metrics.close()
+    gc.collect()
+    assert all(ref() is None for ref in refs)  # destroyed now, not at interpreter exit

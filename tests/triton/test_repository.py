@@ -31,7 +31,7 @@ def test_config_is_decoupled_python_without_triton_batching():
 
 def test_every_parameter_is_an_engine_option_or_an_adapter_setting():
     engine_fields = {f.name for f in fields(EngineOptions)} | {f.name for f in fields(LimitOptions)}
-    adapter = {"json_output", "cancellation_poll_ms"}
+    adapter = {"json_output", "cancellation_poll_ms", "validation_workers"}
     assert set(DEFAULT_PARAMETERS) <= engine_fields | adapter
     assert engine_fields - {"limits"} <= set(DEFAULT_PARAMETERS)
     opts = EngineOptions.from_parameters(DEFAULT_PARAMETERS)

@@ -114,3 +114,26 @@ def test_a_failing_send_does_not_affect_other_requests():
     assert ok.done.wait(WAIT)
     responder.stop()
     assert ok.responses[0].text() == "y" and responder.live_count == 0
+
+
+def test_memory_is_trimmed_when_the_last_request_ends_not_while_it_runs():
+    from tgi_llm.engine.stats import EngineStats
+    from tgi_llm.triton.memory import IdleTrim
+
+    trims: list[int] = []
+    idle = IdleTrim(lambda: trims.append(1) or 1)
+    stats = EngineStats(queue_size=0, batch_size=0, batch_max_tokens=0, kv_blocks_total=4, kv_blocks_free=4,
+                        running=0)
+    responder = Responder(FakeApi(), engine_stats=lambda: stats, poll_interval_s=0.005, idle_trim=idle)
+    responder.start()
+    sender = FakeSender()
+    responder.register(1, Live(sender, stream=False, details=False))
+    time.sleep(0.05)  # polled while the request is live
+    assert trims == []
+    responder.callback(1)(final(2, "ok"))
+    assert sender.done.wait(WAIT)
+    deadline = time.monotonic() + WAIT
+    while not trims and time.monotonic() < deadline:
+        time.sleep(0.005)
+    responder.stop()
+    assert trims == [1]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -16,20 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgi_llm.bench.clients import MODEL
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports (all bound at once, so none is handed out twice)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+from tgi_llm.ports import free_ports
 
 
 @dataclass

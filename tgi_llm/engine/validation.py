@@ -50,15 +50,32 @@ def _flag(params: Mapping[str, Any], name: str, default: bool = False) -> bool:
     return value
 
 
-def _stop_sequences(params: Mapping[str, Any]) -> tuple[str, ...]:
+def _stop_sequences(params: Mapping[str, Any], limit: int) -> tuple[str, ...]:
     stop = params.get("stop")
     if stop is None:
         return ()
     if isinstance(stop, str):
         stop = [stop]
+    if isinstance(stop, (list, tuple)) and len(stop) > limit:  # counted before any element is looked at
+        raise ValidationError(f"`stop` supports up to {limit} stop sequences. Given: {len(stop)}")
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise ValidationError(f"`stop` must be a list of strings. Given: {stop!r}")
     return tuple(s for s in stop if s)
+
+
+#: With `truncate`, tokens kept beyond it when only the prompt's end is tokenized (see _cut_for_truncate).
+_TRUNCATE_MARGIN_TOKENS = 16
+
+
+def longest_token_chars(tokenizer: Any) -> int | None:
+    """An upper bound on the characters one token covers: the longest vocabulary entry (byte-level BPE
+    spells each byte as one character, SentencePiece a space as one), so a prompt of n characters has at
+    least n / this many tokens. None when the tokenizer does not expose its vocabulary."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except Exception:
+        return None
+    return max((len(token) for token in vocab), default=0) or None
 
 
 class Validator:
@@ -68,6 +85,7 @@ class Validator:
         self.tokenizer = tokenizer
         self.limits = limits
         self.grammars = grammars  # None: requests with a grammar are rejected
+        self.max_token_chars = longest_token_chars(tokenizer)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
@@ -96,11 +114,7 @@ class Validator:
             if self.grammars is None:
                 raise ValidationError("grammar is not supported")
             grammar = self.grammars.compile(GrammarSpec.parse(params["grammar"]))
-        stop = _stop_sequences(params)
-        if len(stop) > lim.max_stop_sequences:
-            raise ValidationError(
-                f"`stop` supports up to {lim.max_stop_sequences} stop sequences. Given: {len(stop)}"
-            )
+        stop = _stop_sequences(params, lim.max_stop_sequences)
         max_new_tokens = _integer(params, "max_new_tokens")
         if max_new_tokens is not None and max_new_tokens <= 0:
             raise ValidationError("`max_new_tokens` must be strictly positive")
@@ -110,7 +124,9 @@ class Validator:
                 f"`truncate` must be strictly positive and less than {lim.max_input_tokens}. Given: {truncate}"
             )
 
-        input_text, input_ids = self._input_ids(inputs)
+        input_text, input_ids = self._input_ids(self._bounded(inputs, truncate))
+        if isinstance(inputs, str):
+            input_text = inputs  # the whole prompt, for return_full_text, even if only its end was tokenized
         if truncate is not None and len(input_ids) > truncate:
             input_ids = input_ids[-truncate:]  # TGI truncates from the left: the end of a prompt matters most
         input_length = len(input_ids)
@@ -144,6 +160,26 @@ class Validator:
             input_text=input_text,
             grammar=grammar,
         )
+
+    def _bounded(self, inputs: str | Sequence[int], truncate: int | None) -> str | Sequence[int]:
+        """What to tokenize, decided from the prompt's length alone (a 50 MB prompt took 70 s to tokenize).
+
+        Without `truncate`, a prompt longer than max_input_tokens tokens of the longest token can hold is
+        refused. With it, only the prompt's last tokens are kept, so only its end is tokenized: enough
+        characters for `truncate` tokens plus a margin. Those tokens are the whole prompt's unless the cut
+        falls inside one unbroken run of text longer than the margin (a single pre-tokenizer word)."""
+        if not isinstance(inputs, str) or self.max_token_chars is None:
+            return inputs
+        if truncate is not None:
+            keep = (truncate + _TRUNCATE_MARGIN_TOKENS) * self.max_token_chars
+            return inputs if len(inputs) <= keep else inputs[-keep:]
+        limit = self.limits.max_input_tokens
+        if len(inputs) > limit * self.max_token_chars:
+            raise ValidationError(
+                f"`inputs` must have less than {limit} tokens. Given: {len(inputs)} characters, more than {limit} "
+                f"tokens of at most {self.max_token_chars} characters each can hold"
+            )
+        return inputs
 
     def _input_ids(self, inputs: str | Sequence[int]) -> tuple[str | None, list[int]]:
         if isinstance(inputs, str):

@@ -15,6 +15,7 @@ from tgi_llm.front.config import FrontConfig
 from tgi_llm.front.errors import FrontError
 from tgi_llm.front.protocol import TritonGenerateClient
 from tgi_llm.front.state import FrontState
+from tgi_llm.gateway.body import BodyLimit, PayloadTooLarge
 
 
 def _api_key_check(config: FrontConfig):
@@ -76,4 +77,10 @@ def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any
     guarded.include_router(openai_routes.build_router(state))
     app.include_router(_public_router(state))
     app.include_router(guarded)
+    # Outermost: a body over --payload-limit is refused before anything reads it.
+    app.add_middleware(BodyLimit, limit=config.payload_limit, too_large=_too_large)
     return app
+
+
+def _too_large(exc: PayloadTooLarge) -> JSONResponse:
+    return JSONResponse({"error": str(exc), "error_type": "validation"}, status_code=413)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tgi_llm import __version__
+from tgi_llm.gateway.body import DEFAULT_PAYLOAD_LIMIT
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class FrontConfig:
     model_id: str = "tgi_llm"  # what /info, /v1/models and OpenAI responses call the model
     model_name: str = "tgi_llm"  # the Triton model
     api_key: str | None = None
+    payload_limit: int = DEFAULT_PAYLOAD_LIMIT  # TGI's --payload-limit, in bytes
     limits: InfoLimits = InfoLimits()
     model_dtype: str | None = None
     model_device_type: str | None = None

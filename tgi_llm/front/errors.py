@@ -59,11 +59,18 @@ def from_triton(message: str, grpc_status: str | None = None) -> FrontError:
         return FrontError(_OVERLOADED, "overloaded")
     if status.endswith("UNAVAILABLE"):  # Triton unreachable, or the model shutting down
         return FrontError(message or "Triton is unavailable", "unavailable")
+    if status.endswith("NOT_FOUND") or _model_gone(message):  # not loaded (yet, or any more): TGI's 503
+        return FrontError(f"The model is not available: {message}" if message else "The model is not available",
+                          "unavailable")
     if status.endswith("INVALID_ARGUMENT") or _looks_like_validation(message):
         return FrontError(message, "validation")
     if status.endswith("CANCELLED"):
         return FrontError(message or "Request was cancelled", "cancelled")
     return FrontError(message or "Request failed during generation", "generation")
+
+
+def _model_gone(message: str) -> bool:
+    return "unknown model" in message or ("Stub process" in message and "not healthy" in message)
 
 
 def _strip_triton_prefix(message: str) -> str:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 
 from tgi_llm.front.config import FrontConfig, InfoLimits
+from tgi_llm.gateway.body import DEFAULT_PAYLOAD_LIMIT
 
 logger = logging.getLogger("tgi_llm.front")
 
@@ -31,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key", default=_env("API_KEY"), help="require `Authorization: Bearer <key>`")
     p.add_argument("--dtype", default=None)
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
+    p.add_argument("--json-output", action="store_true", help="log JSON lines, as the launcher's --json-output")
+    p.add_argument("--payload-limit", type=int, default=int(_env("PAYLOAD_LIMIT", str(DEFAULT_PAYLOAD_LIMIT))))
+    p.add_argument("--request-read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a whole request before its connection is closed")
     for f in fields(InfoLimits):
         kind = float if f.type in ("float", float) else int
         p.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=None, dest=f.name)
@@ -44,18 +49,22 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
         model_id=args.model_id or args.model_name,
         model_name=args.model_name,
         api_key=args.api_key or None,
+        payload_limit=args.payload_limit,
         limits=limits,
         model_dtype=args.dtype,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from tgi_llm.launcher.logs import setup_logging
+
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level, args.json_output)
     import uvicorn
 
     from tgi_llm.front.app import create_app
     from tgi_llm.front.triton_client import TritonGrpcClient
+    from tgi_llm.gateway.deadline import protocol_with_deadline
 
     tokenizer = None
     if args.tokenizer_dir:
@@ -65,11 +74,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         logger.warning("no --tokenizer-dir: /v1/chat/completions and /tokenize are unavailable")
     config = config_from_args(args)
-    client = TritonGrpcClient(args.triton_grpc_url, args.model_name, args.triton_metrics_url or None)
+    client = TritonGrpcClient(args.triton_grpc_url, args.model_name, args.triton_metrics_url or None,
+                              api_key=config.api_key)
     app = create_app(config, client, tokenizer)
     logger.info("serving %s on http://%s:%d (Triton gRPC %s)", config.model_id, args.hostname, args.port,
                 args.triton_grpc_url)
-    uvicorn.run(app, host=args.hostname, port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=30)
+    uvicorn.run(app, host=args.hostname, port=args.port, log_config=None, timeout_graceful_shutdown=30,
+                http=protocol_with_deadline(args.request_read_timeout))
     return 0
 
 

@@ -108,7 +108,7 @@ def build_router(state: FrontState) -> APIRouter:
         params = req.to_engine() | {"details": True}
         if tools is not None or grammar is not None:
             params["grammar"] = tools.grammar if tools is not None else grammar
-        return GenerateSpec(inputs=prompt, parameters=params, stream=req.stream), tools
+        return state.spec(prompt, params, req.stream), tools
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -234,7 +234,7 @@ def build_router(state: FrontState) -> APIRouter:
             if req.stream:
                 raise validation("`echo` with `logprobs` is not supported when streaming")
             params["decoder_input_details"] = True
-        streams = [state.client.stream(GenerateSpec(p, _choice_params(params, n, k), stream=req.stream),
+        streams = [state.client.stream(state.spec(p, _choice_params(params, n, k), req.stream),
                                        state.new_request_id()) for p in prompts for k in range(n)]
         stamp = _Stamp(state, "cmpl")
         texts = [prompt_text(p) for p in prompts for _ in range(n)]

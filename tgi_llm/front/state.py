@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -13,7 +12,11 @@ from starlette.requests import Request
 
 from tgi_llm.front.config import FrontConfig
 from tgi_llm.front.errors import FrontError
-from tgi_llm.front.protocol import TritonGenerateClient
+from tgi_llm.front.protocol import GenerateSpec, TritonGenerateClient
+from tgi_llm.gateway.body import BadJson, load_json
+
+#: JSON nesting the front parses (chat messages with content parts and tool schemas stay far below).
+MAX_JSON_DEPTH = 64
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,13 +31,22 @@ class FrontState:
     def new_request_id() -> str:
         return uuid.uuid4().hex
 
+    def spec(self, inputs: str | list[int], parameters: dict[str, Any], stream: bool) -> GenerateSpec:
+        """A request for Triton, its `stop` list bounded here (as TGI's validation words it) so an oversized
+        list is not encoded and sent at all."""
+        stop = parameters.get("stop") or []
+        limit = self.config.limits.max_stop_sequences
+        if len(stop) > limit:
+            raise FrontError(f"`stop` supports up to {limit} stop sequences. Given: {len(stop)}", "validation")
+        return GenerateSpec(inputs=inputs, parameters=parameters, stream=stream)
+
 
 async def parse_body(request: Request, model: type[M]) -> M:
     """JSON whatever the Content-Type (curl -d sends a form type), with axum-style messages on failure."""
     raw = await request.body()
     try:
-        data = json.loads(raw or b"null")
-    except ValueError as exc:
+        data = load_json(raw or b"null", MAX_JSON_DEPTH)
+    except BadJson as exc:
         raise FrontError(f"Failed to parse the request body as JSON: {exc}", "validation") from None
     try:
         return model.model_validate(data)

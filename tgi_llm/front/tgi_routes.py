@@ -25,13 +25,13 @@ from tgi_llm.front.tgi_stream import tgi_events
 from tgi_llm.front.tokenizer import tokenize
 
 
-def _spec(req: GenerateRequest, stream: bool) -> GenerateSpec:
+def _spec(state: FrontState, req: GenerateRequest, stream: bool) -> GenerateSpec:
     params = req.parameters.to_engine()
     # The front adds the prompt itself (as TGI's router does), so Triton always returns only new text;
     # and it always asks for per-token details: stream events and details need token ids.
     params.pop("return_full_text", None)
     params["details"] = True
-    return GenerateSpec(inputs=req.inputs, parameters=params, stream=stream)
+    return state.spec(req.inputs, params, stream)
 
 
 def _token(t: TokenInfo) -> Token:
@@ -74,7 +74,7 @@ def build_router(state: FrontState) -> APIRouter:
 
     async def generate(request: Request, req: GenerateRequest) -> tuple[GenerateResponse, dict[str, str]]:
         start = time.monotonic()
-        chunks = state.client.stream(_spec(req, stream=False), state.new_request_id())
+        chunks = state.client.stream(_spec(state, req, stream=False), state.new_request_id())
         gen = await until_disconnect(request, Generation.collect(chunks))
         headers = {
             "x-compute-type": "tgi-llm",
@@ -85,7 +85,7 @@ def build_router(state: FrontState) -> APIRouter:
         return generate_response(req, gen), headers
 
     async def generate_stream(req: GenerateRequest) -> Response:
-        chunks = state.client.stream(_spec(req, stream=True), state.new_request_id())
+        chunks = state.client.stream(_spec(state, req, stream=True), state.new_request_id())
         first = await peek(chunks)
         return SSEResponse(tgi_events(req.parameters, req.inputs, first, chunks))
 

@@ -26,10 +26,17 @@ _MAX_MESSAGE = 256 * 1024 * 1024
 
 
 class TritonGrpcClient:
-    def __init__(self, url: str, model_name: str = "tgi_llm", metrics_url: str | None = None) -> None:
+    def __init__(self, url: str, model_name: str = "tgi_llm", metrics_url: str | None = None,
+                 api_key: str | None = None) -> None:
         self.url = url
         self.model_name = model_name
         self.metrics_url = metrics_url
+        # With --api-key, tritonserver's restricted-API check wants the key: under the name it reads on
+        # gRPC (tritonserver's own port), and the standard one (the gateway renames it).
+        self._auth: tuple[tuple[str, str], ...] = (
+            (("triton-grpc-protocol-authorization", f"Bearer {api_key}"), ("authorization", f"Bearer {api_key}"))
+            if api_key else ()
+        )
         self._channel: grpc.aio.Channel | None = None
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
 
@@ -55,7 +62,7 @@ class TritonGrpcClient:
 
         # triton_grpc_error: errors end the stream with their gRPC status (INVALID_ARGUMENT, UNAVAILABLE), not
         # only a message, so they map onto TGI's 422 / 429 without guessing from the wording.
-        call = self._service().ModelStreamInfer(requests(), metadata=(("triton_grpc_error", "true"),))
+        call = self._service().ModelStreamInfer(requests(), metadata=(("triton_grpc_error", "true"), *self._auth))
         done = False
         pending: Chunk | None = None  # a last response whose final flag is still to come
         try:
@@ -90,13 +97,15 @@ class TritonGrpcClient:
 
     async def ready(self) -> bool:
         try:
-            reply = await self._service().ModelReady(service_pb2.ModelReadyRequest(name=self.model_name), timeout=5)
+            reply = await self._service().ModelReady(service_pb2.ModelReadyRequest(name=self.model_name), timeout=5,
+                                                     metadata=self._auth)
         except grpc.aio.AioRpcError:
             return False
         return bool(reply.ready)
 
     async def model_config(self) -> Any:
-        reply = await self._service().ModelConfig(service_pb2.ModelConfigRequest(name=self.model_name), timeout=10)
+        reply = await self._service().ModelConfig(service_pb2.ModelConfigRequest(name=self.model_name), timeout=10,
+                                                  metadata=self._auth)
         return reply.config
 
     async def metrics(self) -> str:

@@ -51,7 +51,8 @@ class Flag:
 FLAGS: list[Flag] = [
     Flag("model_id", help="Hub id, local HF directory or .gguf file (default: SmolLM2-135M-Instruct)"),
     Flag("revision", help="Hub revision (branch, tag or commit)"),
-    Flag("validation_workers", int, 2, "Kept for TGI compatibility (validation runs in the model)"),
+    Flag("validation_workers", int, 2, "Threads that tokenize and validate requests in the model (off Triton's "
+                                       "execute thread)"),
     Flag("sharded", _bool, None, "Shard the model across GPUs"),
     Flag("num_shard", int, None, "Number of shards (GPUs)"),
     Flag("quantize", help="Weight format: gguf (a GGUF's own blocks; the default for .gguf models), float, "
@@ -85,12 +86,21 @@ FLAGS: list[Flag] = [
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
     Flag("log_level", default="info", env="LOG_LEVEL", help="TGI's LOG_LEVEL (info, debug, warn, error)"),
     Flag("graceful_termination_timeout", int, 90, "Seconds to finish in-flight requests on SIGTERM"),
-    Flag("hostname", default="0.0.0.0", env=None, help="Address Triton's endpoints listen on"),
+    Flag("hostname", default="0.0.0.0", env=None,
+         help="Address the public ports listen on (tritonserver itself listens on 127.0.0.1 only)"),
     Flag("http_port", int, 8000, "Triton HTTP port (generate, generate_stream, health)"),
     Flag("grpc_port", int, 8001, "Triton gRPC port (streaming inference)"),
     Flag("metrics_port", int, 8002, "Triton metrics port (tgi_* and nv_* metrics)"),
     Flag("port", int, 3000, "TGI- and OpenAI-compatible HTTP API (TGI's port); 0 disables it"),
-    Flag("api_key", help="Require `Authorization: Bearer <key>` on the HTTP API's generation routes"),
+    Flag("api_key", help="Require `Authorization: Bearer <key>` for generation on every port (health and "
+                         "metrics stay open)"),
+    Flag("payload_limit", int, 2_000_000, "Largest request body (HTTP) or message (gRPC) in bytes, on every port"),
+    Flag("request_read_timeout", float, 30.0,
+         "Seconds a client has to send a whole request (headers and body) before its connection is closed"),
+    Flag("on_model_failure", default="restart", choices=("restart", "exit"),
+         help="When the model's process dies or its engine fails: restart tritonserver (the public ports stay "
+              "up and answer 503 meanwhile) or exit 1 so an orchestrator restarts the launcher"),
+    Flag("max_model_restarts", int, 3, "Restarts allowed in 10 minutes before the launcher gives up and exits 1"),
     Flag("model_repository", env="TGI_LLM_MODEL_REPOSITORY",
          help="Directory to write the model repository into (default: a temporary directory)"),
     Flag("tritonserver", env="TRITONSERVER", help="tritonserver binary (default: system, else nvidia-pytriton's)"),
@@ -181,6 +191,12 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         args.max_input_tokens = args.max_input_length
     if args.validation_workers == 0:
         raise ArgumentValidationError("`validation_workers` must be > 0")
+    if args.payload_limit <= 0:
+        raise ArgumentValidationError(f"`payload_limit` must be > 0. Given: {args.payload_limit}")
+    if args.request_read_timeout <= 0:
+        raise ArgumentValidationError(f"`request_read_timeout` must be > 0. Given: {args.request_read_timeout}")
+    if args.max_model_restarts < 0:
+        raise ArgumentValidationError(f"`max_model_restarts` must be >= 0. Given: {args.max_model_restarts}")
     from tgi_llm.quant.modes import parse_quantize
 
     try:
@@ -221,5 +237,6 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "quantize_group_size": args.quantize_group_size,
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
         "json_output": "true" if args.json_output else "false",
+        "validation_workers": args.validation_workers,
     }
     return {k: "" if v is None else str(v) for k, v in values.items()}

@@ -6,15 +6,10 @@ import argparse
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
-from tgi_llm.launcher.process import ServerProcess, _die_with_parent
 from tgi_llm.launcher.repository import MODEL_NAME
 from tgi_llm.launcher.tritonserver import ServerConfig
 
@@ -23,18 +18,29 @@ logger = logging.getLogger("tgi_llm.launcher")
 STOP_TIMEOUT_S = 35.0  # uvicorn lets in-flight requests finish for up to 30 s
 
 
-def front_command(args: argparse.Namespace, model_dir: Path, config: ServerConfig, connect_host: str) -> list[str]:
+def front_env(api_key: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if api_key:
+        env["API_KEY"] = api_key  # in the environment, not on the command line where `ps` shows it
+    return env
+
+
+def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfig) -> list[str]:
+    """The front talks to tritonserver's loopback gRPC port directly (the gateway serves outside clients)."""
     from tgi_llm.front.config import InfoLimits
 
     command = [
         sys.executable, "-m", "tgi_llm.front.main", "--port", str(args.port), "--hostname", args.hostname,
-        "--triton-grpc-url", f"{connect_host}:{config.grpc_port}",
-        "--triton-metrics-url", f"http://{connect_host}:{config.metrics_port}/metrics",
+        "--triton-grpc-url", f"{triton.hostname}:{triton.grpc_port}",
+        "--triton-metrics-url", f"http://{triton.hostname}:{triton.metrics_port}/metrics",
         "--model-name", MODEL_NAME, "--model-id", args.model_id or _default_model_id(),
         "--tokenizer-dir", str(model_dir), "--log-level", args.log_level,
+        "--payload-limit", str(args.payload_limit), "--request-read-timeout", str(args.request_read_timeout),
     ]
     if args.dtype:
         command += ["--dtype", args.dtype]
+    if args.json_output:
+        command.append("--json-output")
     reported = vars(args) | _derived_limits(args, model_dir)
     for f in fields(InfoLimits):
         value = reported.get(f.name)
@@ -64,40 +70,3 @@ def _default_model_id() -> str:
     from tgi_llm.weights import DEFAULT_MODEL_ID
 
     return DEFAULT_MODEL_ID
-
-
-class FrontProcess:
-    def __init__(self, command: list[str], api_key: str | None) -> None:
-        self.command = command
-        self.env = dict(os.environ)
-        if api_key:
-            self.env["API_KEY"] = api_key  # in the environment, not on the command line where `ps` shows it
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(self.command, env=self.env, start_new_session=True,
-                                        preexec_fn=_die_with_parent)
-
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def wait_ready(self, url: str, give_up: Callable[[], bool] = lambda: False, timeout_s: float = 120.0) -> bool:
-        """True once `url` answers 200; False if the front exits, `give_up()` turns true or time runs out."""
-        deadline = time.monotonic() + timeout_s
-        while self.alive() and not give_up() and time.monotonic() < deadline:
-            if ServerProcess.is_ready(url):
-                return True
-            time.sleep(0.2)
-        return False
-
-    def stop(self) -> int | None:
-        if self.process is None:
-            return None
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                logger.warning("the HTTP front did not stop in %.0f s: killing it", STOP_TIMEOUT_S)
-                self.process.kill()
-        return self.process.wait()

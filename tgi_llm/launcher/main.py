@@ -1,9 +1,9 @@
 """`tgi-llm-launcher`: check the flags as TGI does, prepare the weights, write the model repository,
 start tritonserver on it, wait until the model is ready, and stop it gracefully on SIGINT/SIGTERM.
 
-Exit status: 0 after a requested stop, 1 when the flags are invalid, the weights cannot be
-prepared, tritonserver is missing, or the model fails to load; tritonserver's own status when it
-stops by itself.
+Exit status: 0 after a requested stop; 1 when the flags are invalid, the weights cannot be prepared,
+tritonserver is missing, the model fails to load, or the model fails while serving and is not (or no
+longer) restarted (--on-model-failure, tgi_llm/launcher/supervisor.py).
 """
 
 from __future__ import annotations
@@ -13,18 +13,23 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.launcher.args import model_parameters, parse_args, validate
-from tgi_llm.launcher.front import FrontProcess, front_command
+from tgi_llm.launcher.child import ChildProcess
+from tgi_llm.launcher.front import STOP_TIMEOUT_S as FRONT_STOP_TIMEOUT_S
+from tgi_llm.launcher.front import front_command, front_env
+from tgi_llm.launcher.gateway import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
+from tgi_llm.launcher.gateway import gateway_command
 from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.launcher.process import ServerProcess
 from tgi_llm.launcher.repository import MODEL_NAME, write_repository
+from tgi_llm.launcher.security import Restrictions
+from tgi_llm.launcher.supervisor import Failed, RestartPolicy, Supervisor
 from tgi_llm.launcher.tritonserver import ServerConfig, find_tritonserver, server_command, server_env
-from tgi_llm.procfs import pid_alive
+from tgi_llm.ports import free_ports
 
 logger = logging.getLogger("tgi_llm.launcher")
 
@@ -53,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ArgumentValidationError as exc:
         return _error("ArgumentValidation", str(exc))
     setup_logging(args.log_level, args.json_output)
-    logger.info("Args %s", vars(args))
+    logger.info("Args %s", vars(args) | ({"api_key": "***"} if args.api_key else {}))
     try:
         validate(args)
     except ArgumentValidationError as exc:
@@ -81,101 +86,94 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
         install = find_tritonserver(work_dir, args.tritonserver)
     except FileNotFoundError as exc:
         return _error("TritonNotFound", str(exc))
-    config = ServerConfig(
-        model_repository=repo, hostname=args.hostname, http_port=args.http_port, grpc_port=args.grpc_port,
-        metrics_port=args.metrics_port, log_verbose=1 if logging.getLogger().level <= logging.DEBUG else 0,
-        exit_timeout_s=args.graceful_termination_timeout,
+    restrictions = Restrictions.new(args.api_key)
+    http, grpc, metrics = free_ports(3)
+    # tritonserver on loopback ports only: the gateway serves the public ones (tgi_llm/gateway).
+    triton = ServerConfig(
+        model_repository=repo, hostname="127.0.0.1", http_port=http, grpc_port=grpc, metrics_port=metrics,
+        log_verbose=1 if logging.getLogger().level <= logging.DEBUG else 0,
+        exit_timeout_s=args.graceful_termination_timeout, extra_args=tuple(restrictions.triton_args()),
     )
-    command = server_command(install, config)
-    logger.info("Starting tritonserver (%s): %s", install.source, " ".join(command))
-    server = ServerProcess(command, server_env(install), json_output=args.json_output)
-    with server.forward_signals():
-        server.start()
-        if not server.wait_ready(_ready_url(config)):
-            if server.stop_requested:
-                return server.wait()
-            if server.model_unloaded.is_set():
-                server.request_stop()
-                server.wait()
-                return _error("ShardFailed", f"model `{MODEL_NAME}` unloaded itself: its engine or a shard failed")
-            code = server.wait()
-            reason = f": {server.load_error}" if server.load_error else " (see tritonserver's log above)"
-            return _error("ModelLoad", f"tritonserver exited with status {code} before model `{MODEL_NAME}` was "
-                          f"ready: the model failed to load{reason}")
-        host = _connect_host(config.hostname)
-        front = None
-        if args.port:
-            front = FrontProcess(front_command(args, model_dir, config, host), args.api_key)
-            front.start()
-            # A stop requested meanwhile (SIGTERM) or a dead tritonserver ends the wait: the front's /health
-            # would answer 503 until the timeout.
-            if not front.wait_ready(f"http://{host}:{args.port}/health",
-                                    give_up=lambda: server.stop_requested or server.process.poll() is not None):
-                if server.stop_requested:
-                    front.stop()
-                    return server.wait()
-                server.request_stop()
-                server.wait()
-                front.stop()
-                return _error("WebserverFailed", f"the HTTP API did not start on port {args.port}")
-            logger.info("Ready: TGI/OpenAI API http://%s:%d", host, args.port)
-        logger.info("Ready: HTTP http://%s:%d/v2/models/%s/generate (and generate_stream), gRPC %s:%d, "
-                    "metrics http://%s:%d/metrics", host, config.http_port, MODEL_NAME, host, config.grpc_port,
-                    host, config.metrics_port)
+    command = server_command(install, triton)
+    secrets = [restrictions.admin_secret, args.api_key or ""]
+    logger.info("Starting tritonserver (%s): %s", install.source, _redacted(" ".join(command), secrets))
+    env = server_env(install)
+
+    def make_server() -> ServerProcess:
+        return ServerProcess(command, env, json_output=args.json_output, model=MODEL_NAME, redact=secrets)
+
+    ready_url = f"http://{triton.hostname}:{triton.http_port}/v2/models/{MODEL_NAME}/ready"
+    supervisor = Supervisor(make_server, ready_url, MODEL_NAME,
+                            RestartPolicy(args.on_model_failure, args.max_model_restarts))
+    children: list[ChildProcess] = []
+    with supervisor.signals():
+        gateway = ChildProcess("gateway", gateway_command(args, triton), dict(os.environ), GATEWAY_STOP_TIMEOUT_S)
+        gateway.start()
+        children.append(gateway)
         try:
-            code = _wait(server, front, _ready_url(config))
-        except _Failed as exc:
-            return _error("ShardFailed", str(exc))
-    if server.stop_requested:
-        logger.info("tritonserver stopped (status %d)", code)
-        return code
-    return _error("ServerExited", f"tritonserver exited unexpectedly with status {code}") if code else 0
+            return _run(args, model_dir, triton, supervisor, children)
+        finally:
+            for child in children:
+                child.terminate()
+            for child in children:
+                child.stop()
 
 
-class _Failed(Exception):
-    """The model or the front died while tritonserver kept running."""
-
-
-def _wait(server: ServerProcess, front: FrontProcess | None, ready_url: str) -> int:
-    """Until tritonserver exits. If the front dies, the model stops being ready (its engine or a shard
-    died and it unloaded itself), or the model's process dies (killed, crashed: Triton would go on calling
-    the model ready and fail every request), stop tritonserver and fail, as TGI's launcher does on a crash."""
-    failure = None
-    next_check = time.monotonic() + 1.0
-    model_pids = server.model_processes(MODEL_NAME)
-    if not model_pids:
-        logger.warning("model `%s`'s process not found under tritonserver: its death would go unnoticed", MODEL_NAME)
-    while server.process.poll() is None:
-        if not server.stop_requested and failure is None:
-            if front is not None and not front.alive():
-                failure = f"the HTTP API exited with status {front.process.poll()} (Webserver Crashed)"
-            elif server.model_unloaded.is_set():
-                failure = f"model `{MODEL_NAME}` is no longer ready: its engine or a shard failed"
-            elif time.monotonic() >= next_check:
-                next_check = time.monotonic() + 1.0
-                if model_pids and not any(pid_alive(p) for p in model_pids):
-                    failure = (f"model `{MODEL_NAME}`'s process (Triton's Python backend stub, pid "
-                               f"{', '.join(map(str, model_pids))}) died: killed or crashed")
-                elif not server.is_ready(ready_url):
-                    failure = f"model `{MODEL_NAME}` is no longer ready: its engine or a shard failed"
-            if failure is not None:
-                logger.error("%s: stopping tritonserver", failure)
-                server.request_stop()
-        time.sleep(0.2)
-    if front is not None:
-        front.stop()
-    code = server.wait()
-    if failure is not None:
-        raise _Failed(failure)
+def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, children: list[ChildProcess]) -> int:
+    gateway = children[0]
+    if not supervisor.start():
+        code = supervisor.end_failed_start()
+        if supervisor.stopping:
+            return code
+        server = supervisor.server
+        if server.model_unloaded.is_set():
+            return _error("ShardFailed", f"model `{MODEL_NAME}` unloaded itself: its engine or a shard failed")
+        reason = f": {server.load_error}" if server.load_error else " (see tritonserver's log above)"
+        return _error("ModelLoad", f"tritonserver exited with status {code} before model `{MODEL_NAME}` was "
+                      f"ready: the model failed to load{reason}")
+    host = _connect_host(args.hostname)
+    stopping = lambda: supervisor.stopping  # noqa: E731
+    if not gateway.wait_ready(f"http://{host}:{args.http_port}/v2/health/live", expect_status=0, give_up=stopping):
+        requested = stopping()
+        supervisor.request_stop()
+        code = supervisor.end_failed_start()
+        if requested:
+            return code
+        return _error("WebserverFailed", f"the gateway did not start on ports {args.http_port}, {args.grpc_port} "
+                      f"and {args.metrics_port}")
+    if args.port:
+        front = ChildProcess("HTTP front", front_command(args, model_dir, triton), front_env(args.api_key),
+                             FRONT_STOP_TIMEOUT_S)
+        front.start()
+        children.append(front)
+        if not front.wait_ready(f"http://{host}:{args.port}/health", give_up=stopping):
+            requested = stopping()
+            supervisor.request_stop()
+            code = supervisor.end_failed_start()
+            if requested:
+                return code
+            return _error("WebserverFailed", f"the HTTP API did not start on port {args.port}")
+        logger.info("Ready: TGI/OpenAI API http://%s:%d", host, args.port)
+    logger.info("Ready: HTTP http://%s:%d/v2/models/%s/generate (and generate_stream), gRPC %s:%d, "
+                "metrics http://%s:%d/metrics", host, args.http_port, MODEL_NAME, host, args.grpc_port,
+                host, args.metrics_port)
+    try:
+        code = supervisor.run(children)
+    except Failed as exc:
+        return _error("ShardFailed", str(exc))
+    logger.info("tritonserver stopped (status %d)", code)
     return code
+
+
+def _redacted(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
 
 
 def _connect_host(hostname: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(hostname, hostname)
-
-
-def _ready_url(config: ServerConfig) -> str:
-    return f"http://{_connect_host(config.hostname)}:{config.http_port}/v2/models/{MODEL_NAME}/ready"
 
 
 if __name__ == "__main__":

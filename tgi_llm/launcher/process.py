@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import signal
 import subprocess
@@ -48,7 +49,9 @@ def triton_line_as_json(line: str) -> str:
 _LOAD_FAILURE = re.compile(r"failed to load '[^']+' version \d+: (.*)")
 
 
-_UNLOADED = re.compile(r"successfully unloaded '[^']+' version \d+")
+def unloaded_pattern(model: str) -> re.Pattern[str]:
+    """tritonserver's log line for `model` (and no other) leaving service."""
+    return re.compile(rf"successfully unloaded '{re.escape(model)}' version \d+")
 
 
 def load_failure(line: str) -> str | None:
@@ -64,10 +67,14 @@ def _runs_instance_of(argv: list[str], model: str) -> bool:
 
 
 class ServerProcess:
-    def __init__(self, command: Sequence[str], env: dict[str, str], json_output: bool = False) -> None:
+    def __init__(self, command: Sequence[str], env: dict[str, str], json_output: bool = False,
+                 model: str = "tgi_llm", redact: Sequence[str] = ()) -> None:
         self.command = list(command)
         self.env = env
         self.json_output = json_output
+        self.model = model
+        self._unloaded = unloaded_pattern(model)
+        self._redact = [r for r in redact if r]  # secrets tritonserver may echo (its command line)
         self.process: subprocess.Popen | None = None
         self.stop_requested = False
         self.load_error: str | None = None  # why the model failed to load, from tritonserver's log
@@ -93,16 +100,22 @@ class ServerProcess:
             reason = load_failure(line)
             if reason and self.load_error is None:
                 self.load_error = reason
-            if _UNLOADED.search(line):
+            if self._unloaded.search(line):
                 self.model_unloaded.set()
+            for secret in self._redact:
+                line = line.replace(secret, "***")
             print(triton_line_as_json(line) if self.json_output else line.rstrip("\n"), file=sys.stderr, flush=True)
 
-    def wait_ready(self, url: str, poll_s: float = 0.5) -> bool:
-        """True once `url` answers 200; False if the server exits, a stop is requested or the model unloads first."""
+    def wait_ready(self, url: str, poll_s: float = 0.5, timeout_s: float | None = None) -> bool:
+        """True once `url` answers 200; False if the server exits, a stop is requested, the model unloads or
+        `timeout_s` passes first."""
         assert self.process is not None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self.process.poll() is None and not self.stop_requested and not self.model_unloaded.is_set():
             if self.is_ready(url):
                 return True
+            if deadline is not None and time.monotonic() > deadline:
+                return False
             time.sleep(poll_s)
         return False
 
@@ -114,9 +127,16 @@ class ServerProcess:
 
     @staticmethod
     def is_ready(url: str) -> bool:
+        return ServerProcess.answers(url, 200)
+
+    @staticmethod
+    def answers(url: str, status: int = 200) -> bool:
+        """`url` answers with `status` (with anything at all when 0)."""
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
-                return response.status == 200
+                return status in (0, response.status)
+        except urllib.error.HTTPError as exc:
+            return status in (0, exc.code)
         except (urllib.error.URLError, OSError):
             return False
 
@@ -131,6 +151,18 @@ class ServerProcess:
         if self._pump is not None:
             self._pump.join(timeout=5)
         return code
+
+    def kill(self) -> None:
+        """SIGKILL tritonserver and everything in its session (the stubs, their shard ranks): for a server
+        whose model process died, where in-flight requests can never finish and a graceful stop would
+        wait them out for --graceful-termination-timeout."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.stop_requested = True
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except OSError:
+            self.process.kill()
 
     def request_stop(self) -> None:
         if self.process is None or self.process.poll() is not None:

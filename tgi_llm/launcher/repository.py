@@ -73,7 +73,7 @@ OUTPUTS: list[tuple[str, str, list[int]]] = [
 ]
 
 #: The `parameters` block: EngineOptions / LimitOptions fields (empty = derive as TGI does) and the
-#: adapter's own settings (json_output, cancellation_poll_ms).
+#: adapter's own settings (json_output, cancellation_poll_ms, validation_workers).
 DEFAULT_PARAMETERS: dict[str, str] = {
     "model_id": "",
     "dtype": "",
@@ -99,6 +99,7 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "prefill_step_target_ms": "",
     "json_output": "false",
     "cancellation_poll_ms": "100",
+    "validation_workers": "2",
 }
 
 

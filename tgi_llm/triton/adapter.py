@@ -1,4 +1,5 @@
-"""What `execute` does for each Triton request: parse, validate, register with the responder, submit.
+"""What `execute` does for each Triton request: read its tensors, then (on a validation worker) validate,
+register with the responder and submit.
 
 Independent of pb_utils (reached through `RequestIO`), so it runs in unit tests with a fake engine.
 """
@@ -14,7 +15,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from tgi_llm.errors import GenerationError, TgiError, ValidationError
-from tgi_llm.triton.inputs import parse_request
+from tgi_llm.triton.admission import AdmissionPool
+from tgi_llm.triton.inputs import ParsedRequest, parse_request
 from tgi_llm.triton.responder import Live, Responder
 
 logger = logging.getLogger(__name__)
@@ -29,12 +31,16 @@ class RequestIO(Protocol):
 
 
 class TritonAdapter:
-    """Owns the engine and the responder for the lifetime of the Triton model instance."""
+    """Owns the engine, the responder and the validation workers for the lifetime of the model instance."""
 
-    def __init__(self, engine: Any, responder: Responder) -> None:
+    def __init__(self, engine: Any, responder: Responder, validation_workers: int = 2) -> None:
         self.engine = engine
         self.responder = responder
         self._keys = itertools.count(1)
+        limits = engine.limits
+        self._max_stop_sequences = limits.max_stop_sequences
+        # As many may wait for a worker as may be in flight: beyond that the engine would refuse them anyway.
+        self.admission = AdmissionPool(validation_workers, limits.max_concurrent_requests, responder.reject)
 
     def start(self) -> None:
         self.engine.start()
@@ -45,10 +51,24 @@ class TritonAdapter:
             self._accept(request, io)
 
     def _accept(self, request: Any, io: RequestIO) -> None:
+        """On Triton's execute thread: only read the tensors (cheap, bounded); the rest runs on a worker."""
         received_at = time.monotonic()
         sender = io.sender(request)
         try:
-            parsed = parse_request(lambda name: io.tensor(request, name), io.parameters(request))
+            parsed = parse_request(lambda name: io.tensor(request, name), io.parameters(request),
+                                   max_stop_sequences=self._max_stop_sequences)
+        except ValidationError as exc:
+            self.responder.reject(sender, exc)
+            return
+        except Exception as exc:  # a bug, not the client's fault: still exactly one (error) response
+            logger.exception("reading the request crashed")
+            self.responder.reject(sender, GenerationError(f"validation failed: {exc}"))
+            return
+        self.admission.submit(sender, lambda: self._admit(sender, parsed, received_at))
+
+    def _admit(self, sender: Any, parsed: ParsedRequest, received_at: float) -> None:
+        """On a validation worker: tokenize and validate, then hand the request to the engine."""
+        try:
             valid = self.engine.validate(parsed.inputs, parsed.params, stream=parsed.stream)
         except ValidationError as exc:
             self.responder.reject(sender, exc)
@@ -71,8 +91,10 @@ class TritonAdapter:
             self.responder.fail(key, GenerationError(f"submit failed: {exc}"))
 
     def finalize(self) -> None:
-        """Stop the engine (each request in flight gets its ShutdownError), then flush the responder."""
+        """Stop taking requests (those waiting for validation get a ShutdownError), stop the engine (each
+        request in flight gets its ShutdownError), then flush the responder."""
         try:
+            self.admission.close()
             self.engine.shutdown()
         finally:
             self.responder.stop()

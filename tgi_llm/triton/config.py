@@ -13,6 +13,11 @@ def config_parameters(model_config: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+def adapter_options(params: dict[str, str]) -> dict[str, Any]:
+    raw = params.get("validation_workers", "").strip()
+    return {"validation_workers": int(raw)} if raw else {}
+
+
 def responder_options(params: dict[str, str]) -> dict[str, Any]:
     raw = params.get("cancellation_poll_ms", "").strip()
     return {"poll_interval_s": float(raw) / 1000.0} if raw else {}

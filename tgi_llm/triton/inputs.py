@@ -55,8 +55,10 @@ class ParsedRequest:
 TensorGetter = Callable[[str], "np.ndarray | None"]
 
 
-def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | None) -> ParsedRequest:
-    """Read one request. `tensor(name)` returns the input as a numpy array, or None when absent."""
+def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | None,
+                  max_stop_sequences: int | None = None) -> ParsedRequest:
+    """Read one request. `tensor(name)` returns the input as a numpy array, or None when absent.
+    `max_stop_sequences` bounds the `stop` tensor before any of its strings is decoded."""
     params = _parameters(parameters)
     sampling = tensor("sampling_parameters")
     if sampling is not None:
@@ -67,7 +69,10 @@ def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | No
             params[target] = _scalar(name, value)
     stop = tensor("stop")
     if stop is not None:
-        params["stop"] = [_text("stop", v) for v in np.asarray(stop).reshape(-1)]
+        stop = np.asarray(stop).reshape(-1)
+        if max_stop_sequences is not None and stop.size > max_stop_sequences:
+            raise ValidationError(f"`stop` supports up to {max_stop_sequences} stop sequences. Given: {stop.size}")
+        params["stop"] = [_text("stop", v) for v in stop]
     grammar = _guided_decoding(tensor)
     if grammar is not None:
         params["grammar"] = grammar

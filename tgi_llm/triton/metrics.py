@@ -150,6 +150,13 @@ class TgiMetrics:
             self._metric(name).increment(float(delta))
             self._counter_totals[name] = total
 
+    def close(self) -> None:
+        """Drop every metric and family now. Their destructors talk to tritonserver through the stub's shared
+        memory: left to the interpreter's exit, they ran after the stub had torn that down and segfaulted it
+        (`MetricFamily::SaveToSharedMemory`), on every stop."""
+        self._metrics.clear()
+        self._families.clear()
+
     def _gauge(self, name: str, value: float) -> None:
         if self._gauge_values.get(name) != value:
             self._metric(name).set(float(value))

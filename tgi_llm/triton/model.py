@@ -7,6 +7,7 @@ request to the adapter and returns None (decoupled: responses come from the resp
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -16,8 +17,9 @@ import triton_python_backend_utils as pb_utils
 
 from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.triton.adapter import TritonAdapter
-from tgi_llm.triton.config import config_parameters, responder_options
+from tgi_llm.triton.config import adapter_options, config_parameters, responder_options
 from tgi_llm.triton.health import HealthWatchdog
+from tgi_llm.triton.memory import IdleTrim
 from tgi_llm.triton.metrics import TgiMetrics
 from tgi_llm.triton.pb_api import PbRequestIO, PbResponses, pb_family_factory
 from tgi_llm.triton.responder import Responder
@@ -41,9 +43,9 @@ class TritonPythonModel:
         if hasattr(engine, "memory_account"):
             metrics.memory(engine.memory_account())
         responder = Responder(PbResponses(pb_utils), metrics, engine.stats, engine.drain_step_stats,
-                              **responder_options(params))
+                              idle_trim=IdleTrim(), **responder_options(params))
         self.io = PbRequestIO(pb_utils)
-        self.adapter = TritonAdapter(engine, responder)
+        self.adapter = TritonAdapter(engine, responder, **adapter_options(params))
         self.adapter.start()
         self.watchdog = HealthWatchdog(lambda: engine.healthy, lambda: _unload_self(args["model_name"]))
         self.watchdog.start()
@@ -56,6 +58,11 @@ class TritonPythonModel:
         logger.info("stopping the engine")
         self.watchdog.stop()
         self.adapter.finalize()
+        # Every pb_utils object (metric families, response senders) must go while the stub can still talk
+        # to tritonserver: destroyed later, at the interpreter's exit, they crash the stub.
+        del self.adapter, self.watchdog, self.io
+        gc.collect()
+        logger.info("model finalized")
 
 
 def _unload_self(model_name: str) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from tgi_llm.engine.stats import EngineStats, StepStats
 from tgi_llm.errors import GenerationError, ShutdownError
 from tgi_llm.events import ErrorEvent, Event, FinalEvent, TokenEvent
+from tgi_llm.triton.memory import IdleTrim
 from tgi_llm.triton.metrics import TgiMetrics
 from tgi_llm.triton.outputs import Outputs, final_outputs, token_outputs
 
@@ -81,8 +82,9 @@ class Responder:
     def __init__(self, api: ResponseApi, metrics: TgiMetrics | None = None,
                  engine_stats: Callable[[], EngineStats] | None = None,
                  drain_steps: Callable[[], list[StepStats]] | None = None,
-                 poll_interval_s: float = 0.1) -> None:
+                 poll_interval_s: float = 0.1, idle_trim: IdleTrim | None = None) -> None:
         self._api = api
+        self._idle_trim = idle_trim
         self._metrics = metrics
         self._engine_stats = engine_stats
         self._drain_steps = drain_steps
@@ -140,6 +142,8 @@ class Responder:
                 next_poll = time.monotonic() + self._poll_interval_s
         for key in list(self._live):
             self._guard(self._finish_error, key, ShutdownError(), None)
+        if self._metrics is not None:
+            self._metrics.close()
 
     def _take(self, timeout: float | None) -> list[Any]:
         items: list[Any] = []
@@ -226,11 +230,14 @@ class Responder:
             if live.handle is not None and not live.cancel_requested and self._api.is_cancelled(live.sender):
                 live.cancel_requested = True
                 live.handle.cancel()  # the engine frees its blocks and emits ErrorEvent(CancelledError)
-        if self._metrics is not None:
-            if self._drain_steps is not None:
-                self._metrics.steps(self._drain_steps())
-            if self._engine_stats is not None:
-                self._metrics.engine_stats(self._engine_stats())
+        if self._metrics is not None and self._drain_steps is not None:
+            self._metrics.steps(self._drain_steps())
+        if self._engine_stats is not None:
+            stats = self._engine_stats()
+            if self._metrics is not None:
+                self._metrics.engine_stats(stats)
+            if self._idle_trim is not None:
+                self._idle_trim.observe(bool(self._live) or stats.running > 0 or stats.queue_size > 0)
 
     def _record(self, fn: Callable[[TgiMetrics], None]) -> None:
         if self._metrics is not None:

@@ -1,0 +1,82 @@
+"""Bounded bodies: the size cap before and while reading, and JSON with a depth cap."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from starlette.responses import JSONResponse
+
+from tgi_llm.gateway.body import BadJson, BodyLimit, PayloadTooLarge, json_depth, load_json
+
+
+async def echo_length(scope, receive, send) -> None:
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await JSONResponse({"size": size})(scope, receive, send)
+
+
+def too_large(exc: PayloadTooLarge):
+    return JSONResponse({"error": str(exc)}, status_code=413)
+
+
+@pytest.fixture
+def client():
+    transport = httpx.ASGITransport(app=BodyLimit(echo_length, 1000, too_large))
+    return httpx.AsyncClient(transport=transport, base_url="http://test")
+
+
+async def _post(client, content, headers=None):
+    async with client:
+        return await client.post("/", content=content, headers=headers or {})
+
+
+@pytest.mark.parametrize("size", [0, 999, 1000])
+def test_a_body_up_to_the_limit_passes(client, size):
+    import asyncio
+
+    r = asyncio.run(_post(client, b"x" * size))
+    assert r.status_code == 200 and r.json() == {"size": size}
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_reading(client):
+    import asyncio
+
+    r = asyncio.run(_post(client, b"x" * 1001))
+    assert r.status_code == 413
+    assert "at most 1000 bytes" in r.json()["error"]
+
+
+def test_a_chunked_body_is_refused_once_it_passes_the_limit(client):
+    import asyncio
+
+    async def chunks():
+        for _ in range(5):
+            yield b"x" * 300
+
+    r = asyncio.run(_post(client, chunks()))  # no Content-Length: counted while read
+    assert r.status_code == 413
+
+
+def test_json_depth_is_counted_without_recursion():
+    assert json_depth(1) == 0
+    assert json_depth({"a": [1, {"b": []}]}) == 4
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert json_depth(deep) == 100_001
+
+
+def test_load_json_refuses_deep_nesting_and_says_why():
+    assert load_json(b'{"a": [[1]]}') == {"a": [[1]]}
+    with pytest.raises(BadJson, match="nested deeper than 32"):
+        load_json(b"[" * 33 + b"]" * 33)
+    with pytest.raises(BadJson, match="nested deeper than 32"):
+        load_json(b"[" * 1_000_000 + b"]" * 1_000_000)  # Python's own recursion limit, caught
+    with pytest.raises(BadJson, match="not valid JSON"):
+        load_json(b'{"a": 1')
+    with pytest.raises(BadJson, match="not valid JSON"):
+        load_json(b"\xff\xfe")

@@ -1,0 +1,195 @@
+"""The gRPC side of the gateway: Triton's GRPCInferenceService, forwarded as raw bytes.
+
+Responses are not decoded (a stream costs one copy per response). Requests for our model are decoded
+once and checked against its inputs (infer_request.py), since tritonserver must not see those it would
+refuse. A request message over --payload-limit is refused by gRPC itself (RESOURCE_EXHAUSTED); the
+admin methods (model repository, shared memory, trace, logging) answer PERMISSION_DENIED; a client's
+`authorization` metadata is handed to Triton as the header its restricted-API check reads. Errors get
+the codes clients expect (statuses.py), in-stream errors a status when the client asked for one with
+`triton_grpc_error: true`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse
+from tgi_llm.gateway.statuses import grpc_error, in_stream_error
+
+logger = logging.getLogger("tgi_llm.gateway")
+
+SERVICE = "/inference.GRPCInferenceService/"
+STREAM_METHOD = "ModelStreamInfer"
+UNARY_METHODS = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
+                 "ModelStatistics"}
+ADMIN_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
+                 "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
+                 "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings"}
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+CLOSED_MESSAGE = "Triton's model-repository, shared-memory, trace and logging APIs are not served to clients"
+DECOUPLED_MESSAGE = ("ModelInfer does not serve this model: it is decoupled (one request, many responses); use "
+                     "ModelStreamInfer, or HTTP generate / generate_stream")
+#: How long an ending stream waits for tritonserver to finish its side before cancelling it.
+DRAIN_S = 5.0
+
+#: Triton's restricted-API check on gRPC reads `triton-grpc-protocol-<header>`.
+_TRITON_AUTH = "triton-grpc-protocol-authorization"
+_DROPPED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout"}
+#: ModelStreamInferResponse serializes `string error_message = 1` first: this tag byte means an error.
+_ERROR_TAG = b"\x0a"
+
+
+def upstream_metadata(metadata: Any) -> tuple[tuple[str, str], ...]:
+    out = []
+    for key, value in metadata or ():
+        key = key.lower()
+        if key.startswith(":") or key in _DROPPED or key.endswith("-bin"):
+            continue
+        out.append((_TRITON_AUTH if key == "authorization" else key, value))
+    return tuple(out)
+
+
+def _timeout(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    return remaining if remaining is not None and remaining < 1e8 else None
+
+
+class GrpcGateway(grpc.GenericRpcHandler):
+    def __init__(self, upstream: str, model: str, max_message: int) -> None:
+        self.model = model
+        self.channel = grpc.aio.insecure_channel(upstream, options=[
+            ("grpc.max_send_message_length", max_message), ("grpc.max_receive_message_length", -1),
+        ])
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        method = details.method
+        if method == HEALTH_CHECK:
+            return grpc.unary_unary_rpc_method_handler(self._unary(method))
+        if not method.startswith(SERVICE):
+            return None
+        name = method[len(SERVICE):]
+        if name == STREAM_METHOD:
+            return grpc.stream_stream_rpc_method_handler(self._stream)
+        if name == "ModelInfer":
+            return grpc.unary_unary_rpc_method_handler(self._infer)
+        if name in UNARY_METHODS:
+            return grpc.unary_unary_rpc_method_handler(self._unary(method))
+        if name in ADMIN_METHODS:
+            return grpc.unary_unary_rpc_method_handler(self._closed)
+        return None
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    @staticmethod
+    async def _closed(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, CLOSED_MESSAGE)
+        return b""
+
+    def _unary(self, method: str) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+        call = self.channel.unary_unary(method)
+
+        async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                return await call(request, metadata=upstream_metadata(context.invocation_metadata()),
+                                  timeout=_timeout(context))
+            except grpc.aio.AioRpcError as exc:
+                code, message = grpc_error(exc.code(), exc.details() or "", self.model)
+                await context.abort(code, message)
+            return b""
+
+        return forward
+
+    def _refusal(self, raw: bytes) -> tuple[str, str] | None:
+        """(message, request id) if `raw` is a request for our model that tritonserver would refuse."""
+        try:
+            request = parse(raw)
+        except BadRequest as exc:
+            return str(exc), ""
+        if request.model_name != self.model:
+            return None
+        try:
+            check_request(request)
+        except BadRequest as exc:
+            return str(exc), request.id
+        return None
+
+    async def _infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            model = parse(request).model_name
+        except BadRequest as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        if model == self.model:  # tritonserver refuses it too, but only after taking it in (see infer_request.py)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, DECOUPLED_MESSAGE)
+        return await self._unary(SERVICE + "ModelInfer")(request, context)
+
+    async def _stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        """Client requests go to tritonserver through a queue, those it would refuse are answered here;
+        its responses and those answers reach the client through another."""
+        metadata = upstream_metadata(context.invocation_metadata())
+        wants_status = any(k == "triton_grpc_error" and v.lower() == "true" for k, v in metadata)
+        to_triton: asyncio.Queue[bytes | None] = asyncio.Queue()
+        to_client: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
+
+        async def triton_requests() -> AsyncIterator[bytes]:
+            while (item := await to_triton.get()) is not None:
+                yield item
+
+        async def read_client() -> None:
+            try:
+                async for raw in requests:
+                    refusal = self._refusal(raw)
+                    if refusal is None:
+                        to_triton.put_nowait(raw)
+                    else:
+                        to_client.put_nowait(("refused", *refusal))
+                        if wants_status:
+                            return  # the stream ends with that status
+            finally:
+                to_triton.put_nowait(None)  # half-close: tritonserver ends the stream once its requests are done
+
+        async def read_triton() -> None:
+            try:
+                async for response in call:
+                    to_client.put_nowait(("response", response))
+                to_client.put_nowait(("end",))
+            except grpc.aio.AioRpcError as exc:
+                to_client.put_nowait(("failed", exc))
+
+        call = self.channel.stream_stream(SERVICE + STREAM_METHOD)(triton_requests(), metadata=metadata,
+                                                                   timeout=_timeout(context))
+        client_task, triton_task = asyncio.ensure_future(read_client()), asyncio.ensure_future(read_triton())
+        try:
+            while True:
+                item = await to_client.get()
+                if item[0] == "response":
+                    response = item[1]
+                    if wants_status and response[:1] == _ERROR_TAG:
+                        message = service_pb2.ModelStreamInferResponse.FromString(response).error_message
+                        # End tritonserver's side gracefully first: cancelling a stream that holds a request it
+                        # refused leaks the model (infer_request.py).
+                        client_task.cancel()
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(triton_task, DRAIN_S)
+                        await context.abort(*in_stream_error(message, self.model))
+                    yield response
+                elif item[0] == "refused":
+                    if wants_status:
+                        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, item[1])
+                    yield error_response(item[1], item[2])
+                elif item[0] == "end":
+                    return
+                else:
+                    exc = item[1]
+                    await context.abort(*grpc_error(exc.code(), exc.details() or "", self.model))
+        finally:
+            client_task.cancel()
+            triton_task.cancel()
+            call.cancel()  # the client went away or the stream ended: tritonserver cancels what is left

@@ -1,0 +1,233 @@
+"""The HTTP side of the gateway: Triton's HTTP API and its metrics, forwarded from the public ports.
+
+Only an allowlist is forwarded: health, metadata, config and statistics (GET), and infer / generate /
+generate_stream (POST). Triton's model-repository, shared-memory, trace and logging APIs answer 403
+here whatever the headers (tritonserver also wants the launcher's secret for them). Bodies are bounded
+(BodyLimit), JSON is parsed with a depth cap and generate bodies are type-checked before Triton sees
+them; compressed bodies are refused (Triton would inflate them past any limit). A client that goes
+away closes its upstream request, so Triton cancels the generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+from typing import Any
+
+import httpx
+from starlette.types import Receive, Scope, Send
+
+from tgi_llm.gateway.body import BadJson, PayloadTooLarge, load_json
+from tgi_llm.gateway.generate_body import BadBody, check_generate_body
+from tgi_llm.gateway.statuses import http_error, unavailable_message
+
+logger = logging.getLogger("tgi_llm.gateway")
+
+_MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?"
+READ_ROUTES = re.compile(rf"^(?:/v2|/v2/health/(?:live|ready)|/v2/models/stats|{_MODEL}(?:/ready|/config|/stats)?)$")
+INFER_ROUTES = re.compile(rf"^{_MODEL}/(?P<action>infer|generate|generate_stream)$")
+ADMIN_ROUTES = re.compile(
+    rf"^/v2/(?:repository|systemsharedmemory|cudasharedmemory|trace|logging)(?:/|$)|^{_MODEL}/trace(?:/|$)"
+)
+CLOSED_MESSAGE = "Triton's model-repository, shared-memory, trace and logging APIs are not served to clients"
+DECOUPLED_MESSAGE = ("infer does not serve this model: it is decoupled (one request, many responses); use "
+                     "generate / generate_stream, or gRPC ModelStreamInfer")
+
+#: Not forwarded: hop-by-hop headers, the length (recomputed), encodings (bodies go plain both ways).
+_REQUEST_HEADERS_DROPPED = {
+    b"host", b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te", b"trailer",
+    b"upgrade", b"content-length", b"accept-encoding", b"expect",
+}
+_RESPONSE_HEADERS_DROPPED = {"connection", "keep-alive", "transfer-encoding", "trailer", "upgrade"}
+
+
+async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def too_large_app(exc: PayloadTooLarge) -> Any:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 413, {"error": str(exc)})
+
+    return app
+
+
+async def read_body(receive: Receive) -> bytes | None:
+    """The whole body (BodyLimit bounds it), or None if the client went away first."""
+    parts = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        parts.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return value
+    return None
+
+
+class GatewayApp:
+    """ASGI app serving the public HTTP port (Triton's API) and the public metrics port."""
+
+    def __init__(self, triton_http_url: str, triton_metrics_url: str, model: str, metrics_port: int | None) -> None:
+        self.triton_http_url = triton_http_url.rstrip("/")
+        self.triton_metrics_url = triton_metrics_url
+        self.model = model
+        self.metrics_port = metrics_port
+        # No idle connections kept to tritonserver: on SIGTERM it waits for every open HTTP connection to
+        # close (up to --graceful-termination-timeout), so one kept alive here would hold up every stop.
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=None, write=30.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
+        )
+        self._upstream_down = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            server = scope.get("server")
+            if server is not None and server[1] == self.metrics_port:
+                await self._metrics(scope, send)
+            else:
+                await self._triton(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.client.aclose()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _metrics(self, scope: Scope, send: Send) -> None:
+        if scope["path"] != "/metrics":
+            await send_json(send, 404, {"error": "Not found: the metrics port serves GET /metrics"})
+        elif scope["method"] not in ("GET", "HEAD"):
+            await send_json(send, 405, {"error": "Method not allowed: the metrics port serves GET /metrics"})
+        else:
+            await self._forward(scope, None, send, self.triton_metrics_url)
+
+    async def _triton(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method, path = scope["method"], scope["path"]
+        if ADMIN_ROUTES.match(path):
+            await send_json(send, 403, {"error": CLOSED_MESSAGE})
+            return
+        encoding = (_header(scope, b"content-encoding") or b"identity").strip().lower()
+        if encoding != b"identity":
+            await send_json(send, 415, {"error": "Compressed request bodies are not accepted (Content-Encoding)"})
+            return
+        infer = INFER_ROUTES.match(path)
+        if method in ("GET", "HEAD") and READ_ROUTES.match(path):
+            await self._forward(scope, receive, send, self.triton_http_url + path)
+        elif method == "POST" and infer is not None:
+            body = await read_body(receive)
+            if body is None:
+                return
+            try:
+                self._check(scope, infer, body)
+            except (BadJson, BadBody) as exc:
+                await send_json(send, 400, {"error": str(exc)})
+                return
+            await self._forward(scope, receive, send, self.triton_http_url + path, body)
+        elif READ_ROUTES.match(path) or infer is not None:
+            await send_json(send, 405, {"error": f"Method {method} not allowed on {path}"})
+        else:
+            await send_json(send, 404, {"error": f"Not found: {path}"})
+
+    def _check(self, scope: Scope, infer: re.Match, body: bytes) -> None:
+        if infer["action"] == "infer" and infer["model"] == self.model:
+            raise BadBody(DECOUPLED_MESSAGE)  # tritonserver refuses it too, but only after taking it in
+        if infer["action"] == "infer":
+            # The binary tensor extension: a JSON header of this many bytes, then raw tensor bytes.
+            header = _header(scope, b"inference-header-content-length")
+            json_part = body[: int(header)] if header is not None and header.isdigit() else body
+            load_json(json_part)
+            return
+        parsed = load_json(body)
+        if infer["model"] == self.model:
+            check_generate_body(parsed)
+
+    async def _forward(self, scope: Scope, receive: Receive | None, send: Send, url: str,
+                       body: bytes | None = None) -> None:
+        headers = [(k, v) for k, v in scope.get("headers", []) if k not in _REQUEST_HEADERS_DROPPED]
+        query = scope.get("query_string", b"")
+        request = self.client.build_request(scope["method"], url + ("?" + query.decode("latin-1") if query else ""),
+                                            headers=headers, content=body)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            if not self._upstream_down:  # once per outage (tritonserver starting or restarting)
+                logger.warning("tritonserver does not answer (%s): answering 503", exc or type(exc).__name__)
+            self._upstream_down = True
+            await send_json(send, 503, {"error": unavailable_message(self.model)})
+            return
+        if self._upstream_down:
+            logger.info("tritonserver answers again")
+            self._upstream_down = False
+        try:
+            if response.status_code >= 400:
+                await self._send_error(response, send)
+            elif receive is None:
+                await self._pump(response, send)
+            else:
+                await _until_disconnect(receive, self._pump(response, send))
+        finally:
+            await response.aclose()  # unread: the connection closes, and Triton cancels the request
+
+    async def _send_error(self, response: httpx.Response, send: Send) -> None:
+        raw = await response.aread()
+        try:
+            message = str(json.loads(raw).get("error", ""))
+        except (ValueError, AttributeError):
+            message = raw.decode("utf-8", errors="replace")
+        status, message = http_error(response.status_code, message, self.model)
+        await send_json(send, status, {"error": message})
+
+    async def _pump(self, response: httpx.Response, send: Send) -> None:
+        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in response.headers.multi_items()
+                   if k.lower() not in _RESPONSE_HEADERS_DROPPED]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        try:
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except httpx.HTTPError as exc:  # tritonserver went away mid-response
+            logger.warning("tritonserver stopped answering mid-response: %s", exc or type(exc))
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                return  # an incomplete response: uvicorn closes the connection, the client sees it cut
+            # A stream ends as Triton ends one on error: an error event, then the end of the stream.
+            event = json.dumps({"error": unavailable_message(self.model)})
+            await send({"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _until_disconnect(receive: Receive, work: Any) -> None:
+    """Run `work`; cancel it if the client disconnects first (the request body is already read)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
