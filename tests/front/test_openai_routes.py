@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -77,11 +78,15 @@ def test_chat_logprobs(live: LiveServer) -> None:
     assert live.fake.specs[-1].parameters["top_n_tokens"] == 2
 
 
-def test_validation_error_reaches_the_sdk_as_422(live: LiveServer) -> None:
-    with pytest.raises(openai.UnprocessableEntityError) as info:
+def test_validation_error_reaches_the_sdk_as_openais_error_object(live: LiveServer) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
         sdk(live).chat.completions.create(model="tgi", messages=MESSAGES, temperature=-1.0, stream=True)
-    assert info.value.status_code == 422
-    assert info.value.body == "`temperature` must be strictly positive"  # the SDK unwraps TGI's "error"
+    assert info.value.status_code == 400
+    assert info.value.body == {"message": "`temperature` must be strictly positive", "type": "invalid_request_error",
+                               "param": "temperature", "code": None}
+    assert info.value.param == "temperature" and "must be strictly positive" in str(info.value)
+    r = httpx.post(live.url + "/generate", json={"inputs": "x", "parameters": {"temperature": -1.0}})
+    assert r.status_code == 422 and r.json()["error_type"] == "validation"  # TGI's shape stays on TGI's routes
 
 
 def test_completions_single_and_batch(live: LiveServer) -> None:
@@ -114,8 +119,8 @@ def test_chat_stream_ends_with_done(client: TestClient) -> None:
 
 def test_chat_rejects_what_it_cannot_do(client: TestClient, fake: FakeTritonClient) -> None:
     r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "n": 9})
-    assert r.status_code == 422 and "`n` must be >= 1 and <= 8" in r.text
-    assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 422
+    assert r.status_code == 400 and "`n` must be >= 1 and <= 8" in r.text
+    assert client.post("/v1/chat/completions", json={"messages": []}).status_code == 400
     assert fake.specs == []
 
 
@@ -147,4 +152,4 @@ def test_token_id_prompts_and_max_tokens_zero(client: TestClient, fake: FakeTrit
     assert choice["finish_reason"] == "length" and r.json()["usage"]["completion_tokens"] == 0
     r = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
     assert fake.specs[-1].inputs == [1, 2]
-    assert client.post("/v1/completions", json={"prompt": [[]]}).status_code == 422
+    assert client.post("/v1/completions", json={"prompt": [[]]}).status_code == 400

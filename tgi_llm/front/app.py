@@ -64,8 +64,9 @@ def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any
     app.state.front = state
 
     @app.exception_handler(FrontError)
-    async def front_error(_: Request, exc: FrontError) -> Response:
-        return exc.response()
+    async def front_error(request: Request, exc: FrontError) -> Response:
+        # OpenAI's error object on OpenAI's routes (its SDKs read it), TGI's elsewhere.
+        return exc.openai_response() if request.url.path.startswith("/v1/") else exc.response()
 
     guarded = APIRouter(dependencies=[Depends(_api_key_check(config))])
 

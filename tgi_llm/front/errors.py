@@ -1,6 +1,9 @@
-"""TGI's error bodies and status codes: {"error", "error_type"} with 422 / 429 / 424."""
+"""Error bodies and status codes: TGI's {"error", "error_type"} (422 / 429 / 424) on TGI's routes, OpenAI's
+{"error": {"message", "type", "param", "code"}} (400 for a bad request) on /v1."""
 
 from __future__ import annotations
+
+import re
 
 from fastapi.responses import JSONResponse
 
@@ -37,6 +40,35 @@ class FrontError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
+
+    @property
+    def openai_status(self) -> int:
+        """OpenAI answers 400 to what TGI answers 422 (a request it cannot take as it is)."""
+        return 400 if self.status == 422 else self.status
+
+    def openai_body(self) -> dict[str, dict[str, str | None]]:
+        """OpenAI's error object, for the /v1 routes: the SDKs show its message and param."""
+        kind, code = _OPENAI_TYPES.get(self.error_type, ("server_error", None))
+        named = _FIELD.search(self.message)
+        return {"error": {"message": self.message, "type": kind, "param": named.group(1) if named else None,
+                          "code": code}}
+
+    def openai_response(self) -> JSONResponse:
+        return JSONResponse(self.openai_body(), status_code=self.openai_status)
+
+
+#: error_type -> OpenAI's (type, code).
+_OPENAI_TYPES = {
+    "validation": ("invalid_request_error", None),
+    "template_error": ("invalid_request_error", None),
+    "unauthorized": ("invalid_request_error", "invalid_api_key"),
+    "overloaded": ("rate_limit_error", "model_overloaded"),
+    "unavailable": ("server_error", "model_unavailable"),
+    "shutdown": ("server_error", "model_unavailable"),
+    "healthcheck": ("server_error", "model_unavailable"),
+}
+#: The field a validation message names first, in backticks (TGI's wording: "`top_p` must be ...").
+_FIELD = re.compile(r"`([A-Za-z_][\w.\[\]]*)`")
 
 
 def validation(message: str) -> FrontError:

@@ -194,7 +194,7 @@ def build_router(state: FrontState) -> APIRouter:
                 yield event(ChatCompletionChunk(**stamp.fields, choices=[], usage=_usage(*usage)).model_dump())
             yield DONE
         except FrontError as err:
-            yield error_event(err)
+            yield error_event(err, openai=True)
         finally:
             await rest.aclose()
 
@@ -292,7 +292,7 @@ def build_router(state: FrontState) -> APIRouter:
                 yield event(Completion(**stamp.fields, choices=[], usage=_usage(*usage)).model_dump())
             yield DONE
         except FrontError as err:
-            yield error_event(err)
+            yield error_event(err, openai=True)
         finally:
             await rest.aclose()
 

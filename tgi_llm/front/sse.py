@@ -32,8 +32,8 @@ def event(data: Any) -> bytes:
     return f"data: {payload}\n\n".encode()
 
 
-def error_event(err: FrontError) -> bytes:
-    return event(err.body())
+def error_event(err: FrontError, openai: bool = False) -> bytes:
+    return event(err.openai_body() if openai else err.body())
 
 
 class SSEResponse(StreamingResponse):
