@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-clients.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
 ruff check .

@@ -401,3 +401,23 @@ def test_paced_steps_take_fewer_prompt_tokens_while_streams_decode_but_always_a_
     plan = s.schedule()
     assert plan.seqs[-1].num_tokens == 16
     free_all(s)
+
+
+def test_twin_prompts_wait_for_the_first_prefill_then_find_it_cached():
+    s = chunked(max_batch_prefill_tokens=64)
+    prompt = list(range(700, 800))  # 100 tokens: two 64-token steps
+    a, b, c = (make_seq(0, 3, prompt=prompt) for _ in range(3))
+    other = make_seq(20, 3)
+    for seq in (a, b, c, other):
+        s.add(seq)
+    plan = s.schedule()
+    assert [e.request_id for e in plan.seqs] == [a.request_id]  # the twins wait; other has no budget left
+    run(s, plan)
+    plan = s.schedule()
+    assert [e.request_id for e in plan.seqs] == [a.request_id, other.request_id]  # other is not held back
+    assert list(s.waiting) == [b, c]
+    run(s, plan)
+    plan = s.schedule()  # a's prompt is computed: the twins come in with 96 of 100 tokens cached
+    assert {e.request_id for e in plan.seqs if not e.is_decode} == {b.request_id, c.request_id}
+    assert b.num_cached == c.num_cached == 96
+    free_all(s)

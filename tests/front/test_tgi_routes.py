@@ -148,3 +148,20 @@ def test_stream_end_sent_after_the_last_token_still_lands_on_it(client: TestClie
         assert events[-1]["details"]["generated_tokens"] == n
         assert events[-1]["generated_text"] == "".join(f" w{i}" for i in range(n))
         assert all(e["details"] is None for e in events[:-1])
+
+
+def test_best_of_draws_that_many_sequences_and_returns_the_most_likely(client: TestClient,
+                                                                        fake: FakeTritonClient) -> None:
+    body = {"inputs": "a b", "parameters": {"best_of": 2, "do_sample": True, "details": True, "max_new_tokens": 2}}
+    r = client.post("/generate", json=body)
+    assert r.status_code == 200
+    details = r.json()["details"]
+    assert len(details["best_of_sequences"]) == 1
+    assert all("best_of" not in s.parameters for s in fake.specs[-2:])
+    for params, message in (({"best_of": 2}, "you must use sampling when `best_of` is > 1"),
+                            ({"best_of": 2, "do_sample": True, "seed": 1}, "`seed` must not be set when `best_of` > 1"),
+                            ({"best_of": 3, "do_sample": True}, "`best_of` must be > 0 and <= 2. Given: 3")):
+        r = client.post("/generate", json={"inputs": "a", "parameters": params})
+        assert (r.status_code, r.json()["error"]) == (422, message)
+    r = client.post("/generate_stream", json={"inputs": "a", "parameters": {"best_of": 2, "do_sample": True}})
+    assert r.json()["error"] == "`best_of` != 1 is not supported when streaming tokens"

@@ -77,16 +77,27 @@ class Scheduler:
             n = min(seq.num_pending, budget)
             entries.append(self._entry(seq, n))
             budget -= n
+        # A prompt another running request is still prefilling waits for it, then finds it all cached: n
+        # choices and best_of sequences (sent at once) compute their shared prompt once.
+        worth = 2 * lim.block_size  # a shorter prefill is not worth waiting for
+        twins = {s.prompt_key for s in prefills if s.num_pending > worth} if self.kv.enable_prefix_caching else set()
+        deferred: list[Sequence] = []
         while self.waiting and budget > 0:
             if lim.max_batch_size is not None and len(self.running) >= lim.max_batch_size:
                 break
             seq = self.waiting[0]
+            if seq.prompt_key in twins and seq.cache_lookup:
+                deferred.append(self.waiting.popleft())
+                continue
             if not self._admit(seq):
                 logger.debug("not enough free KV blocks for request %d", seq.request_id)
                 break
+            if self.kv.enable_prefix_caching and seq.num_pending > worth:
+                twins.add(seq.prompt_key)
             n = min(seq.num_pending, budget)
             entries.append(self._entry(seq, n))
             budget -= n
+        self.waiting.extendleft(reversed(deferred))  # in their order, at the front
         return entries
 
     def _schedule_whole(self) -> list[ScheduledSeq]:

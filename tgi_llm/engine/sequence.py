@@ -52,6 +52,8 @@ class Sequence:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.request.input_ids)
+        #: Equal for equal prompts (n choices, best_of, retries): such twins share one prefill (scheduler).
+        self.prompt_key = hash((self.request.cache_key, self.request.input_ids))
 
     @property
     def input_length(self) -> int:

@@ -70,6 +70,16 @@ class PrefillToken(BaseModel):
     logprob: float | None
 
 
+class BestOfSequence(BaseModel):
+    generated_text: str
+    finish_reason: str
+    generated_tokens: int
+    seed: int | None
+    prefill: list[PrefillToken] = Field(default_factory=list)
+    tokens: list[Token] = Field(default_factory=list)
+    top_tokens: list[list[Token]] = Field(default_factory=list)
+
+
 class Details(BaseModel):
     finish_reason: str
     generated_tokens: int
@@ -79,6 +89,7 @@ class Details(BaseModel):
     prefill: list[PrefillToken] = Field(default_factory=list)
     tokens: list[Token] = Field(default_factory=list)
     top_tokens: list[list[Token]] | None = None  # TGI leaves it out when empty
+    best_of_sequences: list[BestOfSequence] | None = None  # with best_of > 1: the other sequences
 
 
 class GenerateResponse(BaseModel):
@@ -90,8 +101,10 @@ class GenerateResponse(BaseModel):
         out = self.model_dump()
         if self.details is None:
             del out["details"]
-        elif self.details.top_tokens is None:
-            del out["details"]["top_tokens"]
+            return out
+        for key in ("top_tokens", "best_of_sequences"):
+            if out["details"][key] is None:
+                del out["details"][key]
         return out
 
 
