@@ -256,3 +256,36 @@ def test_grammar_errors_are_4xx_naming_the_field_and_the_server_goes_on(stack: S
         assert field in r.text
     r = httpx.post(stack.front + "/generate", json={"inputs": "Hi", "parameters": {"max_new_tokens": 3}}, timeout=60)
     assert r.status_code == 200
+
+
+def test_n_choices_best_of_and_completion_logprobs_with_the_sdks(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    two = client.chat.completions.create(model="SmolLM2", messages=MESSAGES, n=2, max_tokens=8, temperature=0.9,
+                                         seed=3)
+    assert [c.index for c in two.choices] == [0, 1] and all(c.message.content for c in two.choices)
+    echoed = client.completions.create(model="SmolLM2", prompt="The capital of France is", max_tokens=1,
+                                       logprobs=2, echo=True, temperature=0)
+    lp = echoed.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # the first prompt token has none
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert echoed.choices[0].text.startswith("The capital of France is")
+    assert all(t <= 0 for t in lp.token_logprobs[1:]) and all(len(top) <= 2 for top in lp.top_logprobs[1:])
+    assert lp.text_offset == sorted(lp.text_offset)
+
+    from huggingface_hub import InferenceClient
+
+    best = InferenceClient(model=stack.front).text_generation("Once upon a time", max_new_tokens=6, best_of=2,
+                                                              do_sample=True, details=True)
+    assert len(best.details.best_of_sequences) == 1
+
+
+def test_server_sent_events_are_strict(stack: Stack) -> None:
+    """`data: ` with one space, one JSON object per event, events apart by a blank line (genai-perf's parser)."""
+    body = {"model": "SmolLM2", "messages": MESSAGES, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", stack.front + "/v1/chat/completions", json=body, timeout=60) as r:
+        raw = "".join(r.iter_text())
+    events = [e for e in raw.split("\n\n") if e]
+    assert len(events) >= 3 and events[-1] == "data: [DONE]"
+    for e in events[:-1]:
+        assert e.startswith("data: {") and "\n" not in e
+        json.loads(e[len("data: "):])

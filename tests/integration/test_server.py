@@ -249,3 +249,14 @@ def test_grammars_through_triton_tensors_and_request_parameters(server):
     assert status == 200 and body["text_output"] in ("yes", "no")
     reply = grpc_generate(server, "x", max_tokens=5, guided_decoding_guide_type="regex", guided_decoding_guide="[a-")
     assert reply.error is not None and "`grammar` cannot be compiled" in str(reply.error)
+
+
+def test_genai_perf_request_bodies_for_its_vllm_and_tensorrtllm_backends(server):
+    """The inputs genai-perf sends with --output-tokens-mean-deterministic: vLLM's sampling_parameters with
+    numbers written as strings, TensorRT-LLM's min_length; both get exactly the asked number of tokens."""
+    vllm = json.dumps({"max_tokens": "24", "min_tokens": "24", "ignore_eos": "true", "temperature": "0.5"})
+    reply = grpc_generate(server, PROMPT, sampling_parameters=vllm, exclude_input_in_output=True,
+                          return_num_input_tokens=True, return_num_output_tokens=True)
+    assert reply.error is None and reply.num_output_tokens == 24
+    reply = grpc_generate(server, "Hi", max_tokens=20, min_length=20)
+    assert reply.error is None and reply.num_output_tokens == 20

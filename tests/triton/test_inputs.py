@@ -122,3 +122,16 @@ def test_stop_list_is_bounded_before_its_strings_are_decoded():
     ok = parse_request(tensors(text_input=text("Hi"), stop=np.array([b"a"] * 4, dtype=np.object_)), None,
                        max_stop_sequences=4)
     assert ok.params["stop"] == ["a"] * 4
+
+
+def test_tensorrt_llm_shaped_requests_are_forwarded_with_tgi_llms_shapes():
+    from tgi_llm.triton.trtllm_forwarder import forwarded_inputs, with_batch_dimension
+
+    sent = {"text_input": np.array([[b"Hi"]], dtype=np.object_), "max_tokens": np.array([[5]], dtype=np.int32),
+            "stop_words": np.array([[b"\n", b"."]], dtype=np.object_), "seed": np.array([[7]], dtype=np.uint64)}
+    forwarded = forwarded_inputs(sent.get)
+    assert {k: v.shape for k, v in forwarded.items()} == {"text_input": (1,), "max_tokens": (1,), "stop": (2,),
+                                                         "seed": (1,)}
+    parsed = parse_request(forwarded.get, None)
+    assert parsed.inputs == "Hi" and parsed.params == {"max_new_tokens": 5, "stop": ["\n", "."], "seed": 7}
+    assert with_batch_dimension(np.array([b"x"], dtype=np.object_)).shape == (1, 1)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from tgi_llm.engine import EngineOptions, LimitOptions
 from tgi_llm.launcher.repository import DEFAULT_PARAMETERS, INPUTS, MODEL_PY, OUTPUTS, render_config
-from tgi_llm.triton import outputs
-from tgi_llm.triton.inputs import SCALAR_INPUTS
+from tgi_llm.triton import outputs, trtllm_forwarder
+from tgi_llm.triton.inputs import ACCEPTED_INPUTS, SCALAR_INPUTS
 
 ROOT = Path(__file__).resolve().parents[2]
 REPO = ROOT / "model_repository" / "tgi_llm"
@@ -41,8 +41,16 @@ def test_every_parameter_is_an_engine_option_or_an_adapter_setting():
 def test_declared_tensors_are_the_ones_the_adapter_reads_and_writes():
     declared_in = {name for name, _, _ in INPUTS}
     read = set(SCALAR_INPUTS) | {"text_input", "input_ids", "stream", "stop", "exclude_input_in_output",
-                                 "sampling_parameters",
+                                 "sampling_parameters", *ACCEPTED_INPUTS,
                                  "guided_decoding_guide_type", "guided_decoding_guide"}
     assert declared_in == read
     written = {v for k, v in vars(outputs).items() if k.isupper() and isinstance(v, str)}
     assert {name for name, _, _ in OUTPUTS} == written
+
+
+def test_checked_in_trtllm_forwarder_is_the_rendered_one_and_maps_every_input():
+    repo = ROOT / "model_repository" / "tgi_llm_trtllm"
+    assert (repo / "config.pbtxt").read_text(encoding="utf-8") == trtllm_forwarder.render_config()
+    assert "trtllm_forwarder import TritonPythonModel" in (repo / "1" / "model.py").read_text(encoding="utf-8")
+    declared_here = {name for name, _, _ in INPUTS}
+    assert {target for _, target, _ in trtllm_forwarder.SCALARS} | {"stop"} <= declared_here

@@ -48,6 +48,9 @@ INPUTS: list[tuple[str, str, list[int]]] = [
     # json_schema, regex or ebnf_grammar, and the guide (schema, expression, grammar) itself.
     ("guided_decoding_guide_type", "TYPE_STRING", [1]),
     ("guided_decoding_guide", "TYPE_STRING", [1]),
+    # Sent by Triton's OpenAI front end in vLLM's format; the counts always come back, so they change nothing.
+    ("return_num_input_tokens", "TYPE_BOOL", [1]),
+    ("return_num_output_tokens", "TYPE_BOOL", [1]),
 ]
 
 OUTPUTS: list[tuple[str, str, list[int]]] = [

@@ -41,6 +41,9 @@ SCALAR_INPUTS: dict[str, str] = {
 PARAMETER_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
                                      "min_length": "min_new_tokens"}
 
+#: Inputs tools send that change nothing here (num_input_tokens / num_output_tokens always come back).
+ACCEPTED_INPUTS = ("return_num_input_tokens", "return_num_output_tokens")
+
 #: Request parameters Triton itself may attach; never TGI parameters.
 _TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
 
