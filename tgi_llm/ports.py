@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 
 
-def free_ports(n: int) -> list[int]:
-    """n distinct free ports (all bound at once, so none is handed out twice)."""
-    socks = []
+def free_ports(n: int, exclude: Collection[int] = ()) -> list[int]:
+    """n distinct free ports (all bound at once, so none is handed out twice), none of them in `exclude`
+    (ports already promised to a listener that has not bound them yet)."""
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        while len(socks) < n:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
             socks.append(s)
-        return [s.getsockname()[1] for s in socks]
+            if s.getsockname()[1] in exclude:
+                n += 1  # keep it bound so it is not drawn again; drop it from the answer
+        return [p for p in (s.getsockname()[1] for s in socks) if p not in exclude]
     finally:
         for s in socks:
             s.close()

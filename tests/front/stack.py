@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,11 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tgi_llm.ports import free_ports
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -62,7 +57,7 @@ class Stack:
 
 
 def start_front(stack_grpc: str, metrics: str, model_dir: Path, tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
+    (port,) = free_ports(1)
     log = tmp / f"front-{port}.log"
     proc = spawn(["-m", "tgi_llm.front.main", "--port", str(port), "--hostname", "127.0.0.1",
                   "--triton-grpc-url", stack_grpc, "--triton-metrics-url", metrics, "--model-id", "SmolLM2",
@@ -86,7 +81,7 @@ def launch_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         find_tritonserver(tmp)
     except FileNotFoundError as exc:
         pytest.skip(f"no tritonserver: {exc}")
-    http, grpc, metrics, port = free_port(), free_port(), free_port(), free_port()
+    http, grpc, metrics, port = free_ports(4)
     log = tmp / "launcher.log"
     # The launcher starts the front itself on --port, as users run it.
     launcher = spawn(["-m", "tgi_llm.launcher.main", "--model-id", str(default_model_dir), "--hostname", "127.0.0.1",

@@ -64,6 +64,9 @@ def test_prefix_caching_and_chunking_default_on_and_turn_off_by_flag_or_env():
         (["--quantize", "awq"], "`--quantize awq` is not supported"),
         (["--quantize", "int3"], "`--quantize` must be one of gguf, float, int8, int4, eetq, bitsandbytes"),
         (["--quantize", "int4", "--quantize-group-size", "20"], "must be a positive multiple of 32"),
+        (["--grpc-port", "9000", "--metrics-port", "9000"], "`grpc_port` and `metrics_port` are both 9000"),
+        (["--port", "8000"], "`http_port` and `port` are both 8000"),
+        (["--metrics-port", "70000"], "`metrics_port` must be in 1..65535. Given: 70000"),
     ],
 )
 def test_tgi_start_up_checks(argv, message):

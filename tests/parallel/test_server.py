@@ -32,7 +32,7 @@ def start(tmp_path, *flags: str):
 
 def test_two_shards_through_triton_give_the_greedy_text_of_one_and_stop_cleanly(tmp_path, tiny_llama_dir):
     before = set(shard_pids_of_any_parent())
-    server = start(tmp_path, "--model-id", str(tiny_llama_dir), "--num-shard", "2")
+    server = start(tmp_path, "--model-id", str(tiny_llama_dir), "--num-shard", "2", "--on-model-failure", "exit")
     try:
         ours = set(shard_pids_of_any_parent()) - before
         assert len(ours) == 2  # one shard rank: its guard and the shard process
@@ -49,7 +49,7 @@ def test_two_shards_through_triton_give_the_greedy_text_of_one_and_stop_cleanly(
 
 def test_killing_a_shard_under_triton_fails_every_stream_and_leaves_no_process(tmp_path, tiny_llama_dir):
     before = set(shard_pids_of_any_parent())
-    server = start(tmp_path, "--model-id", str(tiny_llama_dir), "--num-shard", "2")
+    server = start(tmp_path, "--model-id", str(tiny_llama_dir), "--num-shard", "2", "--on-model-failure", "exit")
     try:
         ours = set(shard_pids_of_any_parent()) - before
         started = threading.Barrier(4)

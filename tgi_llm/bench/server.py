@@ -83,7 +83,9 @@ class LaunchedServer:
 
 def launch(flags: list[str], log_path: Path, timeout_s: float = 900.0) -> LaunchedServer:
     """Start the launcher (this Python, this checkout) with `flags`; returns once the model is ready."""
-    http, grpc, metrics = free_ports(3)
+    # A port in `flags` (the soak's front) is not bound yet: keep tritonserver's ports off it.
+    promised = {int(value) for flag, value in zip(flags, flags[1:], strict=False) if flag == "--port"}
+    http, grpc, metrics = free_ports(3, exclude=promised)
     workdir = tempfile.TemporaryDirectory(prefix="tgi-llm-bench-")
     cmd = [
         sys.executable, "-m", "tgi_llm.launcher.main", "--hostname", "127.0.0.1",

@@ -195,6 +195,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         raise ArgumentValidationError(f"`payload_limit` must be > 0. Given: {args.payload_limit}")
     if args.request_read_timeout <= 0:
         raise ArgumentValidationError(f"`request_read_timeout` must be > 0. Given: {args.request_read_timeout}")
+    _check_ports(args)
     if args.max_model_restarts < 0:
         raise ArgumentValidationError(f"`max_model_restarts` must be >= 0. Given: {args.max_model_restarts}")
     from tgi_llm.quant.modes import parse_quantize
@@ -212,6 +213,21 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
 
     check_static_limits(limit_options(args))
     return args
+
+
+def _check_ports(args: argparse.Namespace) -> None:
+    """Each public port once: two listeners on one port fail only later, as a gateway that never starts."""
+    named = {"http_port": args.http_port, "grpc_port": args.grpc_port, "metrics_port": args.metrics_port}
+    if args.port:
+        named["port"] = args.port
+    for name, value in named.items():
+        if not 0 < value < 65536:
+            raise ArgumentValidationError(f"`{name}` must be in 1..65535. Given: {value}")
+    seen: dict[int, str] = {}
+    for name, value in named.items():
+        if value in seen:
+            raise ArgumentValidationError(f"`{seen[value]}` and `{name}` are both {value}: each port must differ")
+        seen[value] = name
 
 
 def limit_options(args: argparse.Namespace) -> Any:

@@ -87,7 +87,7 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
     except FileNotFoundError as exc:
         return _error("TritonNotFound", str(exc))
     restrictions = Restrictions.new(args.api_key)
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = free_ports(3, exclude={args.http_port, args.grpc_port, args.metrics_port, args.port})
     # tritonserver on loopback ports only: the gateway serves the public ones (tgi_llm/gateway).
     triton = ServerConfig(
         model_repository=repo, hostname="127.0.0.1", http_port=http, grpc_port=grpc, metrics_port=metrics,
