@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import socket
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 
 def free_ports(n: int, exclude: Collection[int] = ()) -> list[int]:
@@ -21,3 +21,9 @@ def free_ports(n: int, exclude: Collection[int] = ()) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def promised_ports(flags: Sequence[str]) -> set[int]:
+    """The ports a launcher command line names (`--port N`, `--http-port N`...): chosen, not bound yet."""
+    return {int(value) for flag, value in zip(flags, flags[1:], strict=False)
+            if flag.startswith("--") and flag.endswith("port") and value.isdigit()}

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tgi_llm.ports import free_ports
+from tgi_llm.ports import free_ports, promised_ports
 
 MODEL = "tgi_llm"
 START_TIMEOUT_S = 900.0  # hang guard: first start may convert the GGUF
@@ -107,7 +107,7 @@ def loopback(server: Launched) -> Loopback:
 def launch(work_dir: Path, *flags: str, env: dict[str, str] | None = None) -> Launched:
     """Start tgi-llm-launcher (this Python, this checkout) with `flags` on free ports; `env` is added to (or,
     where a value is None, removed from) this process's environment."""
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = free_ports(3, exclude=promised_ports(flags))
     log_path = work_dir / "launcher.log"
     cmd = [
         sys.executable, "-m", "tgi_llm.launcher.main", "--hostname", "127.0.0.1",

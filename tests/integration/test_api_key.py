@@ -74,10 +74,12 @@ def test_triton_http_inference_wants_the_key(keyed):
 def test_triton_grpc_inference_wants_the_key(keyed):
     server, _ = keyed
     assert grpc_stream(server.grpc, None)[0] == "StatusCode.UNAUTHENTICATED"
-    assert grpc_stream(server.grpc, {"authorization": "Bearer wrong"})[0] == "StatusCode.UNAUTHENTICATED"
+    for _ in range(5):  # the gateway's own check: no race with tritonserver's (which once answered INTERNAL)
+        assert grpc_stream(server.grpc, {"authorization": "Bearer wrong"})[0] == "StatusCode.UNAUTHENTICATED"
     status, text = grpc_stream(server.grpc, {"authorization": f"Bearer {KEY}"})
     assert status is None and text
-    assert grpc_stream(loopback(server).grpc, None)[0] == "StatusCode.UNAVAILABLE"  # Triton's own answer
+    # tritonserver's own port refuses it too: UNAVAILABLE, or INTERNAL when its stream handler races.
+    assert grpc_stream(loopback(server).grpc, None)[0] in ("StatusCode.UNAVAILABLE", "StatusCode.INTERNAL")
     client = grpcclient.InferenceServerClient(server.grpc)
     try:
         assert client.is_server_live() and client.is_model_ready(MODEL)  # health stays open

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgi_llm.bench.clients import MODEL
-from tgi_llm.ports import free_ports
+from tgi_llm.ports import free_ports, promised_ports
 
 
 @dataclass
@@ -83,9 +83,7 @@ class LaunchedServer:
 
 def launch(flags: list[str], log_path: Path, timeout_s: float = 900.0) -> LaunchedServer:
     """Start the launcher (this Python, this checkout) with `flags`; returns once the model is ready."""
-    # A port in `flags` (the soak's front) is not bound yet: keep tritonserver's ports off it.
-    promised = {int(value) for flag, value in zip(flags, flags[1:], strict=False) if flag == "--port"}
-    http, grpc, metrics = free_ports(3, exclude=promised)
+    http, grpc, metrics = free_ports(3, exclude=promised_ports(flags))  # e.g. the soak's front port
     workdir = tempfile.TemporaryDirectory(prefix="tgi-llm-bench-")
     cmd = [
         sys.executable, "-m", "tgi_llm.launcher.main", "--hostname", "127.0.0.1",

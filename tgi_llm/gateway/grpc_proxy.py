@@ -3,8 +3,9 @@
 Responses are not decoded (a stream costs one copy per response). Requests for our model are decoded
 once and checked against its inputs (infer_request.py), since tritonserver must not see those it would
 refuse. A request message over --payload-limit is refused by gRPC itself (RESOURCE_EXHAUSTED); the
-admin methods (model repository, shared memory, trace, logging) answer PERMISSION_DENIED; a client's
-`authorization` metadata is handed to Triton as the header its restricted-API check reads. Errors get
+admin methods (model repository, shared memory, trace, logging) answer PERMISSION_DENIED. With --api-key,
+every method but health wants `authorization: Bearer <key>` (api_key.py), which is also handed to Triton
+as the header its restricted-API check reads. Errors get
 the codes clients expect (statuses.py), in-stream errors a status when the client asked for one with
 `triton_grpc_error: true`.
 """
@@ -20,6 +21,7 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
+from tgi_llm.gateway.api_key import UNAUTHORIZED, ApiKey
 from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse
 from tgi_llm.gateway.statuses import grpc_error, in_stream_error
 
@@ -27,8 +29,8 @@ logger = logging.getLogger("tgi_llm.gateway")
 
 SERVICE = "/inference.GRPCInferenceService/"
 STREAM_METHOD = "ModelStreamInfer"
-UNARY_METHODS = {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig",
-                 "ModelStatistics"}
+HEALTH_METHODS = {"ServerLive", "ServerReady", "ModelReady"}  # open with --api-key too, for load balancers
+UNARY_METHODS = HEALTH_METHODS | {"ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics"}
 ADMIN_METHODS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
                  "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
                  "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings"}
@@ -62,8 +64,9 @@ def _timeout(context: grpc.aio.ServicerContext) -> float | None:
 
 
 class GrpcGateway(grpc.GenericRpcHandler):
-    def __init__(self, upstream: str, model: str, max_message: int) -> None:
+    def __init__(self, upstream: str, model: str, max_message: int, api_key: ApiKey | None = None) -> None:
         self.model = model
+        self.api_key = api_key or ApiKey(None)
         self.channel = grpc.aio.insecure_channel(upstream, options=[
             ("grpc.max_send_message_length", max_message), ("grpc.max_receive_message_length", -1),
         ])
@@ -75,6 +78,10 @@ class GrpcGateway(grpc.GenericRpcHandler):
         if not method.startswith(SERVICE):
             return None
         name = method[len(SERVICE):]
+        if name not in HEALTH_METHODS and not self._authorized(details.invocation_metadata):
+            if name == STREAM_METHOD:
+                return grpc.stream_stream_rpc_method_handler(self._unauthenticated_stream)
+            return grpc.unary_unary_rpc_method_handler(self._unauthenticated)
         if name == STREAM_METHOD:
             return grpc.stream_stream_rpc_method_handler(self._stream)
         if name == "ModelInfer":
@@ -87,6 +94,21 @@ class GrpcGateway(grpc.GenericRpcHandler):
 
     async def close(self) -> None:
         await self.channel.close()
+
+    def _authorized(self, metadata: Any) -> bool:
+        values = [value for key, value in metadata or () if key.lower() == "authorization"]
+        return self.api_key.allows(values[0] if len(values) == 1 else None)
+
+    @staticmethod
+    async def _unauthenticated(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
+        return b""
+
+    @staticmethod
+    async def _unauthenticated_stream(_requests: AsyncIterator[bytes],
+                                      context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHORIZED)
+        yield b""  # never reached: makes this an async generator, as stream handlers are
 
     @staticmethod
     async def _closed(_request: bytes, context: grpc.aio.ServicerContext) -> bytes:

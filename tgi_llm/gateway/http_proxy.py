@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 from starlette.types import Receive, Scope, Send
 
+from tgi_llm.gateway.api_key import UNAUTHORIZED, ApiKey
 from tgi_llm.gateway.body import BadJson, PayloadTooLarge, load_json
 from tgi_llm.gateway.generate_body import BadBody, check_generate_body
 from tgi_llm.gateway.statuses import http_error, unavailable_message
@@ -27,6 +28,7 @@ from tgi_llm.gateway.statuses import http_error, unavailable_message
 logger = logging.getLogger("tgi_llm.gateway")
 
 _MODEL = r"/v2/models/(?P<model>[^/]+)(?:/versions/[^/]+)?"
+HEALTH_ROUTES = re.compile(rf"^(?:/v2/health/(?:live|ready)|{_MODEL}/ready)$")  # open with --api-key too
 READ_ROUTES = re.compile(rf"^(?:/v2|/v2/health/(?:live|ready)|/v2/models/stats|{_MODEL}(?:/ready|/config|/stats)?)$")
 INFER_ROUTES = re.compile(rf"^{_MODEL}/(?P<action>infer|generate|generate_stream)$")
 ADMIN_ROUTES = re.compile(
@@ -80,7 +82,9 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class GatewayApp:
     """ASGI app serving the public HTTP port (Triton's API) and the public metrics port."""
 
-    def __init__(self, triton_http_url: str, triton_metrics_url: str, model: str, metrics_port: int | None) -> None:
+    def __init__(self, triton_http_url: str, triton_metrics_url: str, model: str, metrics_port: int | None,
+                 api_key: ApiKey | None = None) -> None:
+        self.api_key = api_key or ApiKey(None)
         self.triton_http_url = triton_http_url.rstrip("/")
         self.triton_metrics_url = triton_metrics_url
         self.model = model
@@ -125,6 +129,9 @@ class GatewayApp:
         method, path = scope["method"], scope["path"]
         if ADMIN_ROUTES.match(path):
             await send_json(send, 403, {"error": CLOSED_MESSAGE})
+            return
+        if not HEALTH_ROUTES.match(path) and not self.api_key.allows(_header(scope, b"authorization")):
+            await send_json(send, 401, {"error": UNAUTHORIZED})
             return
         encoding = (_header(scope, b"content-encoding") or b"identity").strip().lower()
         if encoding != b"identity":

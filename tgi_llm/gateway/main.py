@@ -50,19 +50,21 @@ async def serve(args: argparse.Namespace) -> None:
     import grpc
     import uvicorn
 
+    from tgi_llm.gateway.api_key import ApiKey
     from tgi_llm.gateway.body import BodyLimit
     from tgi_llm.gateway.deadline import protocol_with_deadline
     from tgi_llm.gateway.grpc_proxy import GrpcGateway
     from tgi_llm.gateway.http_proxy import GatewayApp, too_large_app
 
-    app = GatewayApp(args.triton_http_url, args.triton_metrics_url, args.model_name, args.metrics_port)
+    api_key = ApiKey.from_env()
+    app = GatewayApp(args.triton_http_url, args.triton_metrics_url, args.model_name, args.metrics_port, api_key)
     config = uvicorn.Config(
         BodyLimit(app, args.payload_limit, too_large_app), http=protocol_with_deadline(args.request_read_timeout),
         lifespan="on", log_config=None, access_log=False, server_header=False, timeout_graceful_shutdown=GRACE_S,
     )
     server = uvicorn.Server(config)
     sockets = [bind(args.hostname, args.http_port), bind(args.hostname, args.metrics_port)]
-    gateway = GrpcGateway(args.triton_grpc_url, args.model_name, args.payload_limit)
+    gateway = GrpcGateway(args.triton_grpc_url, args.model_name, args.payload_limit, api_key)
     grpc_server = grpc.aio.server(options=[
         ("grpc.max_receive_message_length", args.payload_limit), ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", 0),

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import grpc
 
+from tgi_llm.gateway.api_key import UNAUTHORIZED
+
 OVERLOADED = "Model is overloaded"
 SHUTTING_DOWN = "The model is shutting down"
 _AUTH_HEADER_HTTP = "expecting header 'authorization'"
 _AUTH_HEADER_GRPC = "expecting header 'triton-grpc-protocol-authorization'"
-UNAUTHORIZED = "Unauthorized: send the API key as `Authorization: Bearer <key>` (--api-key)"
 
 
 def model_gone(message: str, model: str) -> bool:

@@ -4,6 +4,7 @@ die with the launcher, stopped with SIGTERM and then SIGKILL."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import time
@@ -12,6 +13,16 @@ from collections.abc import Callable
 from tgi_llm.launcher.process import ServerProcess, _die_with_parent
 
 logger = logging.getLogger("tgi_llm.launcher")
+
+
+def env_with_api_key(api_key: str | None) -> dict[str, str]:
+    """This environment, plus API_KEY for the gateway and the front: not on a command line where `ps` shows it."""
+    env = dict(os.environ)
+    if api_key:
+        env["API_KEY"] = api_key
+    else:
+        env.pop("API_KEY", None)
+    return env
 
 
 class ChildProcess:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -16,13 +15,6 @@ from tgi_llm.launcher.tritonserver import ServerConfig
 logger = logging.getLogger("tgi_llm.launcher")
 
 STOP_TIMEOUT_S = 35.0  # uvicorn lets in-flight requests finish for up to 30 s
-
-
-def front_env(api_key: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    if api_key:
-        env["API_KEY"] = api_key  # in the environment, not on the command line where `ps` shows it
-    return env
 
 
 def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfig) -> list[str]:

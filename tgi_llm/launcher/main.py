@@ -18,9 +18,9 @@ from pathlib import Path
 
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.launcher.args import model_parameters, parse_args, validate
-from tgi_llm.launcher.child import ChildProcess
+from tgi_llm.launcher.child import ChildProcess, env_with_api_key
 from tgi_llm.launcher.front import STOP_TIMEOUT_S as FRONT_STOP_TIMEOUT_S
-from tgi_llm.launcher.front import front_command, front_env
+from tgi_llm.launcher.front import front_command
 from tgi_llm.launcher.gateway import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from tgi_llm.launcher.gateway import gateway_command
 from tgi_llm.launcher.logs import setup_logging
@@ -107,7 +107,8 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
                             RestartPolicy(args.on_model_failure, args.max_model_restarts))
     children: list[ChildProcess] = []
     with supervisor.signals():
-        gateway = ChildProcess("gateway", gateway_command(args, triton), dict(os.environ), GATEWAY_STOP_TIMEOUT_S)
+        gateway = ChildProcess("gateway", gateway_command(args, triton), env_with_api_key(args.api_key),
+                               GATEWAY_STOP_TIMEOUT_S)
         gateway.start()
         children.append(gateway)
         try:
@@ -142,7 +143,7 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
         return _error("WebserverFailed", f"the gateway did not start on ports {args.http_port}, {args.grpc_port} "
                       f"and {args.metrics_port}")
     if args.port:
-        front = ChildProcess("HTTP front", front_command(args, model_dir, triton), front_env(args.api_key),
+        front = ChildProcess("HTTP front", front_command(args, model_dir, triton), env_with_api_key(args.api_key),
                              FRONT_STOP_TIMEOUT_S)
         front.start()
         children.append(front)
