@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, PrefillSequence, cpu_attention_kernels
+from tgi_llm.attention import cpu_kernels
+from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, PrefillSequence, _choose_prefill, cpu_attention_kernels
 from tgi_llm.kv_cache import gather_kv
 
 kernel = cpu_attention_kernels()
@@ -132,3 +133,22 @@ def test_prefill_of_a_sequence_is_the_same_alone_or_with_others():
     alone = torch.empty(70, 9, 64)
     kernel.prefill(q[30:], alone, fresh([0], [70], k[30:], v[30:]), 0.125)
     assert torch.equal(alone, together[30:])
+
+
+@pytest.mark.parametrize("forced", ["kernel", "torch"])
+def test_the_prefill_path_can_be_forced(monkeypatch, forced):
+    lib = CpuAttentionKernels(kernel._lib._name)
+    monkeypatch.setenv("TGI_LLM_CPU_PREFILL", forced)
+    assert "forced" in _choose_prefill(lib)
+    assert lib.prefill_wins == (forced == "kernel")
+
+
+def test_the_prefill_path_is_chosen_by_timing_both(monkeypatch):
+    lib = CpuAttentionKernels(kernel._lib._name)
+    monkeypatch.delenv("TGI_LLM_CPU_PREFILL", raising=False)
+    calls = []
+    monkeypatch.setattr(lib, "prefill", lambda *a: calls.append("kernel"))
+    monkeypatch.setattr(cpu_kernels, "_sdpa_prefill", lambda *a: calls.append("sdpa"))
+    why = _choose_prefill(lib)
+    assert why.startswith("measured: kernel") and "SDPA" in why
+    assert calls.count("kernel") == calls.count("sdpa") == 3  # a warm-up and two timed runs each

@@ -9,6 +9,7 @@ import torch
 
 import tgi_llm.attention as attention_pkg
 from tgi_llm.attention import TorchPagedAttention, preferred_block_size, select_attention_backend
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 
 HQ, HKV, D = 4, 2, 8
 
@@ -25,24 +26,24 @@ def reference(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, scale
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
 
 
-def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int) -> None:
+def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int, dim: int = D) -> None:
     """Each step: (sequence id, number of new tokens). Checks output and cache contents every step."""
     gen = torch.Generator().manual_seed(0)
     batcher = paged_batcher(block_size=block_size, num_blocks=64)
-    k_cache = torch.zeros(64, block_size, HKV, D)
-    v_cache = torch.zeros(64, block_size, HKV, D)
+    k_cache = torch.zeros(64, block_size, HKV, dim)
+    v_cache = torch.zeros(64, block_size, HKV, dim)
     history: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     backend = TorchPagedAttention()
-    scale = 1 / math.sqrt(D)
+    scale = 1 / math.sqrt(dim)
     for step in steps:
         _, _, attn = batcher.step([(sid, [0] * n) for sid, n in step])
         total = sum(n for _, n in step)
-        q, k, v = (torch.randn(total, h, D, generator=gen) for h in (HQ, HKV, HKV))
+        q, k, v = (torch.randn(total, h, dim, generator=gen) for h in (HQ, HKV, HKV))
         out = backend.forward(q, k, v, k_cache, v_cache, attn, scale)
         assert out.shape == q.shape
         start = 0
         for sid, n in step:
-            old_k, old_v = history.get(sid, (torch.empty(0, HKV, D), torch.empty(0, HKV, D)))
+            old_k, old_v = history.get(sid, (torch.empty(0, HKV, dim), torch.empty(0, HKV, dim)))
             k_hist = torch.cat([old_k, k[start : start + n]])
             v_hist = torch.cat([old_v, v[start : start + n]])
             history[sid] = (k_hist, v_hist)
@@ -65,6 +66,18 @@ def test_mixed_prefill_chunked_prefill_and_decode(paged_batcher):
         [(0, 1), (1, 1), (2, 1), (3, 1)],  # pure decode: the batched path
     ]
     run_steps(paged_batcher, steps, block_size=4)
+
+
+@pytest.mark.parametrize("prefill_kernel", [True, False])
+def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch, prefill_kernel):
+    """Head size 16, which the C kernels take: decodes through the decode kernel, prompt chunks through
+    whichever prefill was chosen at load (cpu_kernels._choose_prefill)."""
+    kernels = cpu_attention_kernels()
+    if kernels is None:
+        pytest.skip("no C kernels on this machine")
+    monkeypatch.setattr(kernels, "prefill_wins", prefill_kernel)
+    steps = [[(0, 7), (1, 1), (2, 12)], [(0, 1), (1, 5), (2, 1)], [(3, 9), (0, 1), (1, 1), (2, 3)]]
+    run_steps(paged_batcher, steps, block_size=4, dim=16)
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])

@@ -8,6 +8,12 @@ item: ~4x faster. Prefill: SDPA's CPU flash kernel runs its small GEMMs through 
 AVX-512 path on AMD CPUs; `prefill_attention_f32` (keys transposed into 16-key tiles, 16-row query tiles,
 online softmax, every prompt of the step in one call) is ~2.4x faster. Numbers in docs/PERFORMANCE.md.
 
+Which prefill is faster differs by machine: the kernel was ~2.4x faster than SDPA on an AVX-512 Zen 5, and
+4-6x slower on an AVX2 Zen 3 (its 64-byte vectors become register pairs there; SDPA's flash kernel on
+contiguous inputs is fast). So the prefill path is measured once at load, kernel against SDPA on one
+prompt-sized shape, and the faster serves (`TGI_LLM_CPU_PREFILL=kernel|torch` forces one); decode keeps
+the kernel, which wins on both (3-4x at batch 8-32 on the Zen 3).
+
 Plain C called through ctypes (no torch headers: builds in about a second). It links `libgomp.so.1`,
 which the loader resolves to the copy torch already loaded, so it shares torch's thread pool. Built and
 cached by `tgi_llm.native_build` (keyed by source, compiler, flags and CPU). The kernels are optional:
@@ -20,6 +26,7 @@ import ctypes
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -359,6 +366,8 @@ class CpuAttentionKernels:
         self._prefill.argtypes = [ptr, i64] + [ptr] * 10 + [i64] * 4 + [f32, i32]
         self._prefill.restype = None
         self._lib = lib
+        #: Prompt chunks through the prefill kernel (True) or SDPA (False): measured at load (_choose_prefill).
+        self.prefill_wins = True
 
     @staticmethod
     def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -475,6 +484,42 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
             raise RuntimeError("prefill attention kernel disagrees with torch")
 
 
+def _sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """The torch path's fresh-prompt attention (torch_paged._prefill), for the timing below."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *(x.transpose(0, 1).contiguous().unsqueeze(0) for x in (q, k, v)), is_causal=True, scale=scale,
+        enable_gqa=True)
+    return out[0].transpose(0, 1)
+
+
+def _choose_prefill(kernels: CpuAttentionKernels) -> str:
+    """Time the kernel against SDPA on a 1024-token prompt (8 query heads over 2 KV heads of 64; the gap
+    grows with length, and long prompts are where prefill time matters), alternated, best of 2 after a
+    warm-up (~0.5 s), and keep the faster for prompt chunks. Returns the reason, for the log."""
+    forced = os.environ.get("TGI_LLM_CPU_PREFILL", "auto")
+    if forced in ("kernel", "torch"):
+        kernels.prefill_wins = forced == "kernel"
+        return f"forced by TGI_LLM_CPU_PREFILL={forced}"
+    gen = torch.Generator().manual_seed(0)
+    n, heads, kv_heads, dim = 1024, 8, 2, 64
+    q = torch.randn(n, heads, dim, generator=gen)
+    k, v = (torch.randn(n, kv_heads, dim, generator=gen) for _ in range(2))
+    out = torch.empty_like(q)
+    seqs = [PrefillSequence(0, n, k, v)]
+    kernels.prefill(q[:64], out[:64], [PrefillSequence(0, 64, k[:64], v[:64])], 0.125)  # warm-up: first-call costs
+    _sdpa_prefill(q[:64], k[:64], v[:64], 0.125)
+    best = {"kernel": float("inf"), "torch": float("inf")}
+    for _ in range(2):
+        t0 = time.perf_counter()
+        kernels.prefill(q, out, seqs, 0.125)
+        t1 = time.perf_counter()
+        _sdpa_prefill(q, k, v, 0.125)
+        t2 = time.perf_counter()
+        best["kernel"], best["torch"] = min(best["kernel"], t1 - t0), min(best["torch"], t2 - t1)
+    kernels.prefill_wins = best["kernel"] <= best["torch"]
+    return f"measured: kernel {best['kernel'] * 1e3:.1f} ms, SDPA {best['torch'] * 1e3:.1f} ms"
+
+
 def cpu_attention_kernels() -> CpuAttentionKernels | None:
     """The compiled kernels, or None where they can't be built, load or pass their self-check, or are
     switched off with TGI_LLM_CPU_KERNELS=0. Decided once per process (the model loader calls this before
@@ -490,8 +535,10 @@ def cpu_attention_kernels() -> CpuAttentionKernels | None:
                 try:
                     kernels = CpuAttentionKernels(build_library("cpu_attention", _SOURCE))
                     _self_check(kernels)
+                    why = _choose_prefill(kernels)
                     _kernels = kernels
-                    logger.info("CPU attention: C kernels (pid %d)", os.getpid())
+                    logger.info("CPU attention: C kernel for decode, %s for prefill (%s; pid %d)",
+                                "C kernel" if kernels.prefill_wins else "SDPA", why, os.getpid())
                 except Exception as exc:  # an optional fast path: whatever went wrong, serve with torch
                     logger.warning("CPU attention: torch path, the C kernels are unavailable (pid %d): %s",
                                    os.getpid(), exc)

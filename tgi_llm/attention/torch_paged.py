@@ -1,8 +1,9 @@
 """Paged attention in plain torch: the CPU backend and the reference the others are checked against.
 
-On the CPU (float32), decode sequences (one new token each) and prompt chunks go through the C kernels
-of cpu_kernels.py: decode reads K/V in place through the block tables, and all the step's prompt chunks
-share one call (a chunk after cached tokens attends over its context gathered from the cache).
+On the CPU (float32), decode sequences (one new token each) go through the C kernel of cpu_kernels.py,
+which reads K/V in place through the block tables; prompt chunks too where its prefill kernel measured
+faster than SDPA at load (all the step's chunks share one call; a chunk after cached tokens attends over
+its context gathered from the cache).
 Elsewhere (or without a compiler): decodes through one batched SDPA call over K/V gathered from their
 block tables and padded to the longest, each prompt chunk through its own SDPA call.
 """
@@ -38,8 +39,8 @@ class TorchPagedAttention:
 
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
-        if kernels is not None and not kernels.supports(q, k):
-            kernels = None
+        if kernels is not None and not (kernels.prefill_wins and kernels.supports(q, k)):
+            kernels = None  # decodes still take the kernel, in _decode
         decode_seqs: list[int] = []
         decode_tokens: list[int] = []
         prompts: list[PrefillSequence] = []  # prompt chunks: one kernel call for all of them
@@ -125,7 +126,8 @@ class TorchPagedAttention:
         """One sequence: q/k/v [Lq, H, D] for its new tokens, `seq_len - Lq` tokens already cached."""
         q_len = q.shape[0]
         cached = seq_len - q_len
-        queries = q.transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
+        # Contiguous [1, H, L, D]: SDPA's CPU flash kernel is ~5x slower on the transposed views.
+        queries = q.transpose(0, 1).contiguous().unsqueeze(0)
         if cached == 0:  # nothing cached before: the new K/V are the whole context
             keys, values, mask, causal = k, v, None, True
         else:
@@ -137,8 +139,8 @@ class TorchPagedAttention:
             mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= rows, False
         out = F.scaled_dot_product_attention(
             queries,
-            keys.transpose(0, 1).unsqueeze(0),
-            values.transpose(0, 1).unsqueeze(0),
+            keys.transpose(0, 1).contiguous().unsqueeze(0),
+            values.transpose(0, 1).contiguous().unsqueeze(0),
             attn_mask=mask,
             is_causal=causal,
             scale=scale,

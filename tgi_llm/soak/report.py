@@ -10,8 +10,8 @@ from typing import Any
 from tgi_llm.soak.clients import Result
 from tgi_llm.soak.observe import Metrics, failures, metric
 
-#: What a refused (invalid) request looks like on each protocol.
-VALIDATION_ERRORS = {"grpc": "StatusCode.INVALID_ARGUMENT", "http": "HTTP 400", "openai": "HTTP 422"}
+#: What a refused (invalid) request looks like on each protocol (the /v1 routes answer as OpenAI does: 400).
+VALIDATION_ERRORS = {"grpc": "StatusCode.INVALID_ARGUMENT", "http": "HTTP 400", "openai": "HTTP 400"}
 #: Second-half RSS growth the issue allows.
 MAX_SECOND_HALF_GROWTH = 0.02
 
