@@ -27,6 +27,10 @@ from ..conftest import PlanPlayer
 from .conftest import shard_pids
 
 CPU = torch.device("cpu")
+
+
+def mpich_segments() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm_")} if os.path.isdir("/dev/shm") else set()
 BLOCK, NUM_BLOCKS = 16, 64
 HANG_GUARD_S = 60.0  # "within seconds" as a generous bound, never a timing assertion
 
@@ -115,10 +119,12 @@ def test_two_shards_give_the_greedy_tokens_of_one(tiny_llama_dir):
     kwargs = {"kv_cache_memory_gb": 0.05, "max_total_tokens": 256}
     with LLM(str(tiny_llama_dir), **kwargs) as one:
         want = run_requests(one, prompts, params)
+    shm_before = mpich_segments()
     with LLM(str(tiny_llama_dir), num_shard=2, **kwargs) as two:
         got = run_requests(two, prompts, params)
         stats = two.engine.stats()
         assert stats.kv_blocks_free == stats.kv_blocks_total
+        assert mpich_segments() - shm_before == set()  # unlinked once the hand-shake is over (mpi_shm.py)
     assert [g.token_ids for g in got] == [w.token_ids for w in want]
     for g, w in zip(got, want, strict=True):  # prompt logprobs come from the gathered full-vocab logits
         assert [t.logprob for t in g.prefill[1:]] == pytest.approx([t.logprob for t in w.prefill[1:]], abs=1e-4)

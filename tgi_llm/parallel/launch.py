@@ -38,6 +38,7 @@ from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.kv_cache import KVCache
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.parallel.comm import SETUP, STOP, PlanChannel, destroy_groups, init_groups
+from tgi_llm.parallel.mpi_shm import unlink_mapped_segments
 from tgi_llm.procfs import pid_alive
 from tgi_llm.weights.safetensors_loader import Shard
 
@@ -340,4 +341,5 @@ def _spawn_and_handshake(setup: ShardSetup) -> tuple[list[int], list[int]]:
         comm.Disconnect()
     finally:
         inter.Disconnect()
+    unlink_mapped_segments()
     return list(shards), list(guards)

@@ -21,6 +21,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING
 
+from tgi_llm.parallel.mpi_shm import unlink_mapped_segments
+
 if TYPE_CHECKING:
     from tgi_llm.parallel.launch import ShardSetup
 
@@ -43,6 +45,7 @@ def _handshake(shard_pid: int) -> tuple[int, dict]:
     comm.Disconnect()
     parent.Disconnect()
     _leave_pmi()
+    unlink_mapped_segments()
     return rank, setup
 
 
