@@ -35,6 +35,22 @@ def test_constrained_rows_keep_only_allowed_tokens_and_free_rows_are_untouched(t
     assert len(masker.mask_times_s) == 1
 
 
+def test_a_batch_constrained_in_every_row_is_masked_row_by_row(tokenizer):
+    """The in-place path for a fully constrained batch gives each row its own grammar's mask."""
+    vocab = len(tokenizer)
+    compiler = GrammarCompiler(tokenizer, vocab, {tokenizer.eos_token_id})
+    specs = [GrammarSpec("regex", "[0-9]{2}"), GrammarSpec("regex", "(yes|no)")]
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(1))
+    before = logits.clone()
+    GrammarMasker(vocab, frozenset()).mask(logits, [0, 1], [compiler.compile(s).matcher() for s in specs])
+    digits = {tokenizer.decode([t]) for t in torch.isfinite(logits[0]).nonzero().flatten().tolist()}
+    words = {tokenizer.decode([t]) for t in torch.isfinite(logits[1]).nonzero().flatten().tolist()}
+    assert digits and all(text.isdigit() for text in digits)
+    assert words and words <= {"y", "ye", "yes", "n", "no"}
+    kept = torch.isfinite(logits)
+    assert torch.equal(logits[kept], before[kept])  # allowed tokens keep their logits
+
+
 def test_the_forced_end_after_a_complete_match_is_reported_done(tokenizer):
     vocab, eos = len(tokenizer), tokenizer.eos_token_id
     matcher = GrammarCompiler(tokenizer, vocab, {eos}).compile(GrammarSpec("regex", "no")).matcher()
