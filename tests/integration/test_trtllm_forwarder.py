@@ -53,15 +53,14 @@ def tritonserver(tmp_path_factory, default_model_dir):
 
 def trtllm_inputs(prompt: str, stream: bool, **extra) -> list:
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
 
     arrays = {"text_input": np.array([[prompt.encode()]], dtype=np.object_), "stream": np.array([[stream]]),
               "max_tokens": np.array([[12]], dtype=np.int32), "temperature": np.array([[0.0]], dtype=np.float32)}
     arrays |= extra
-    types = {np.dtype(np.object_): "BYTES", np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32",
-             np.dtype(np.float32): "FP32", np.dtype(np.uint64): "UINT64"}
     out = []
     for name, array in arrays.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), types[array.dtype])
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         out.append(tensor)
     return out

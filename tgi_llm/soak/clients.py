@@ -70,6 +70,7 @@ def _grpc_client(url: str) -> Any:
 
 def _grpc_inputs(p: Planned) -> list:
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
 
     values: dict[str, np.ndarray] = {
         "text_input": np.array([p.prompt.encode()], dtype=np.object_),
@@ -80,11 +81,9 @@ def _grpc_inputs(p: Planned) -> list:
         values["ignore_eos"] = np.array([True])
     if p.kind == "invalid":
         values["top_p"] = np.array([INVALID["top_p"]], dtype=np.float32)
-    types = {np.dtype(np.object_): "BYTES", np.dtype(np.bool_): "BOOL", np.dtype(np.int32): "INT32",
-             np.dtype(np.float32): "FP32"}
     inputs = []
     for name, array in values.items():
-        tensor = grpcclient.InferInput(name, list(array.shape), types[array.dtype])
+        tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     return inputs
