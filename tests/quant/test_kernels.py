@@ -40,11 +40,27 @@ def test_linear_matches_float64_reference(name, make, n, k, m):
 
 @needs_kernel
 @pytest.mark.parametrize(("name", "make"), LAYOUTS)
-def test_dequantize_is_bit_exact_with_torch(name, make):
-    w = make(torch.randn(45, 256, generator=torch.Generator().manual_seed(3)))
+@pytest.mark.parametrize(("n", "k"), [(1, 64), (33, 128), (70, 576), (16, 1536)])
+@pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 40])
+def test_gemm_matches_float64_reference(name, make, n, k, m):
+    """Panels narrower than the kernel's, K past one panel (576 = 256 + 256 + 64), every row-tile tail."""
+    gen = torch.Generator().manual_seed(n * 1000 + k + m)
+    w = make(torch.randn(n, k, generator=gen))
+    if w is None:
+        pytest.skip(f"{name} needs in_features divisible by its block")
+    x = torch.randn(m, k, generator=gen)
+    want = (x.double() @ w.dequantize().double().T).float()
+    scale = want.abs().max().item() + 1
+    torch.testing.assert_close(kernel.gemm(x, w), want, rtol=1e-5, atol=1e-5 * scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("name", "make"), LAYOUTS)
+def test_gemm_dequantizes_bit_exactly_like_torch(name, make):
+    """Multiplying by the identity returns the kernel's dequantized weights: they equal torch's bit for bit."""
+    w = make(torch.randn(45, 640, generator=torch.Generator().manual_seed(3)))
     assert w is not None
-    assert torch.equal(kernel.dequantize(w), w.dequantize())
-    assert torch.equal(kernel.dequantize(w, 7, 30), w.dequantize()[7:30])
+    assert torch.equal(kernel.gemm(torch.eye(640), w), w.dequantize().T)
 
 
 @needs_kernel

@@ -1,15 +1,18 @@
-"""Weight-only quantized linears in C: read the 4-/8-bit codes, dequantize in registers, fp32 FMA.
+"""Weight-only quantized linears in C: read the 4-/8-bit codes, dequantize in registers or L1, fp32 FMA.
 
 At a few tokens per step a linear is a stream of weight bytes; reading 4.5-8.5 bits per weight instead
 of 32 is what makes a GGUF model fast (llama.cpp reads its Q4_1 file as it is). Activations stay float32
 and every product is accumulated in float32, so the result is the float linear over the exactly
 dequantized weights up to summation order (no activation quantization, unlike ggml's integer dots).
 
-Per output row and group: s = sum(q * x) over the group's codes (converted to float in registers),
-y += scale * s, plus, for q4, min * sum(x over the group) (the group sums of x computed once per call).
-Rows are split over OpenMP threads; each row's codes are read once for up to 4 activation rows at a time.
-The code uses GCC vector extensions on 16 floats, so -march=native (native_build) turns it into AVX-512
-or pairs of AVX2 instructions on the CPU at hand; float16 scales go through F16C where the CPU has it.
+Two kernels, chosen by the number of activation rows (QuantLinear):
+- `linear`, for decode: per output row and group s = sum(q * x) over the group's codes (converted to
+  float in registers), y += scale * s, plus, for q4, min * sum(x over the group) (x's group sums computed
+  once per call); each row's codes are read once for up to 4 activation rows.
+- `gemm`, for batches and prefill chunks: each thread dequantizes a panel of weights into L1 (exactly as
+  torch does), transposed, and a register-blocked micro-kernel multiplies it with all activation rows.
+Rows are split over OpenMP threads. The code uses AVX2 or AVX-512 intrinsics where -march=native
+(native_build) has them and GCC vectors elsewhere; float16 scales go through F16C where the CPU has it.
 
 Built at model load by `tgi_llm.native_build`, checked against the torch reference, optional: when it is
 unavailable (no compiler, failed check, TGI_LLM_QUANT_KERNELS=0) QuantLinear dequantizes in torch.
@@ -140,16 +143,6 @@ static inline float half_to_float(uint16_t h) {
 
 static inline __attribute__((always_inline)) float scale_at(const void* s, const int F16, int64_t i) {
     return F16 ? half_to_float(((const uint16_t*)s)[i]) : ((const float*)s)[i];
-}
-
-/* one row's scales as float32 */
-static inline void row_scales(const void* s, int f16, int64_t row, int64_t G, float* out) {
-    if (f16) {
-        const uint16_t* p = (const uint16_t*)s + row * G;
-        for (int64_t i = 0; i < G; i++) out[i] = half_to_float(p[i]);
-    } else {
-        memcpy(out, (const float*)s + row * G, G * sizeof(float));
-    }
 }
 
 /* y[m] = sum_k w[k] x[m][k] for one q4 row and MTC activation rows */
@@ -392,61 +385,153 @@ void q4x8_linear(const uint8_t* codes, const void* scales, const void* mins, int
     free(xsb);
 }
 
-/* rows [n0, n1) as float32 into out [n1 - n0, K]: w = q * scale (+ min), rounded after the product and
-   after the sum like torch's and gguf-py's dequantization (no FMA contraction here: bit-exact results) */
+/* no FMA contraction where weights are dequantized: w = q * scale (+ min) rounded after the product and
+   after the sum, like torch's and gguf-py's dequantization (bit-exact results) */
 #define NO_FMA __attribute__((optimize("fp-contract=off")))
-NO_FMA void q4_dequant(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
-                       int64_t n0, int64_t n1, float* out, int nthreads) {
-    const int64_t G = K / g;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = n0; n < n1; n++) {
-        float sc[MAX_GROUPS], mn[MAX_GROUPS];
-        row_scales(scales, f16, n, G, sc);
-        row_scales(mins, f16, n, G, mn);
-        float* o = out + (n - n0) * K;
-        for (int64_t b = 0; b < K / 32; b++) {
-            V w[NV];
-            unpack_q4(codes + n * (K / 2) + b * 16, w);
-            const float s = sc[b * 32 / g], m = mn[b * 32 / g];
-            UNROLL for (int i = 0; i < NV; i++) {
-                const V p = vmul(w[i], vset1(s));
-                vst(o + b * 32 + i * VL, vadd(p, vset1(m)));
+
+/* ---- many activation rows: a register-blocked GEMM over a dequantized, transposed panel ----
+   The kernels above turn every code into a float once per MT activation rows, and each x value they load
+   feeds one FMA: at 8-128 rows they run at half the FMA rate. Here each thread dequantizes a panel of NW
+   weight rows x KC columns once (into L1, exactly as torch dequantizes), transposed so that a vector holds
+   NW/2 output columns at one k; the micro-kernel broadcasts one x value per activation row and k and keeps
+   MR x NW outputs in registers (GotoBLAS's scheme): per k, 2 weight loads and MR broadcasts feed 2 MR FMAs,
+   and no horizontal sums. */
+#if defined(__AVX512F__)
+#define MR 8 /* 16 accumulators + 2 w + 1 x of 32 registers */
+#else
+#define MR 6 /* 12 accumulators + 2 w + 1 x of 16 */
+#endif
+#define NW (2 * VL) /* weight rows per panel */
+#define KC 256
+
+/* row n, columns [k0, k1) as float32 into out, as QuantizedWeight.dequantize computes them. Scales are
+   looked up per block of 16 (q8) or 32 (q4) weights by counting, not dividing: a 64-bit division per block
+   cost more than all the rest. */
+__attribute__((noinline)) NO_FMA static void dequant_segment(
+    int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
+    int64_t n, int64_t k0, int64_t k1, float* restrict out) {
+    const int64_t G = K / g, blk = kind == 2 ? 16 : 32, nb = (k1 - k0) / blk;
+    const size_t ss = f16 ? 2 : 4;
+    const void *sc = (const char*)scales + n * G * ss, *mn = kind == 2 ? 0 : (const char*)mins + n * G * ss;
+    float s[KC / 16], m[KC / 16];
+    for (int64_t b = 0, gi = k0 / g, left = g - k0 % g; b < nb; b++) {
+        s[b] = scale_at(sc, f16, gi);
+        if (mn) m[b] = scale_at(mn, f16, gi);
+        if ((left -= blk) == 0) { gi++; left = g; }
+    }
+    if (kind == 2) { /* q8 */
+        for (int64_t b = 0; b < nb; b++) {
+            V w[16 / VL];
+            unpack_q8((const int8_t*)codes + n * K + k0 + 16 * b, w);
+            UNROLL for (int i = 0; i < 16 / VL; i++) vst(out + 16 * b + i * VL, vmul(w[i], vset1(s[b])));
+        }
+        return;
+    }
+    const uint8_t* q = (const uint8_t*)codes + n * (K / 2) + k0 / 2;
+    if (kind == 1) { /* q4, x8 order: 64 weights (two blocks) per 32 bytes */
+        for (int64_t c = 0; c < nb / 2; c++) {
+            const W8 v = x8_load(q + 32 * c);
+            UNROLL for (int i = 0; i < 8; i++) {
+                const X8V p = x8_codes(v, i) * x8set1(s[2 * c + i / 4]);
+                const X8V w = p + x8set1(m[2 * c + i / 4]);
+                memcpy(out + 64 * c + 8 * i, &w, 32);
             }
         }
+        return;
+    }
+    for (int64_t b = 0; b < nb; b++) { /* q4, GGUF order */
+        V w[NV];
+        unpack_q4(q + b * 16, w);
+        UNROLL for (int i = 0; i < NV; i++) vst(out + b * 32 + i * VL, vadd(vmul(w[i], vset1(s[b])), vset1(m[b])));
     }
 }
 
-NO_FMA void q8_dequant(const int8_t* codes, const void* scales, int f16, int64_t g, int64_t K, int64_t n0,
-                       int64_t n1, float* out, int nthreads) {
-    const int64_t G = K / g;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = n0; n < n1; n++) {
-        float sc[MAX_GROUPS];
-        row_scales(scales, f16, n, G, sc);
-        float* o = out + (n - n0) * K;
-        for (int64_t c = 0; c < K; c += 16) {
-            V w[16 / VL];
-            unpack_q8(codes + n * K + c, w);
-            UNROLL for (int i = 0; i < 16 / VL; i++) vst(o + c + i * VL, vmul(w[i], vset1(sc[c / g])));
+/* tmp [NW][KC] (row-major, kc columns) -> out [kc][NW] */
+static inline void transpose_panel(const float* restrict tmp, const int64_t kc, float* restrict out) {
+#if defined(__AVX2__)
+    for (int64_t k = 0; k < kc; k += 8)
+        for (int r = 0; r < NW; r += 8) { /* 8 x 8 blocks in registers */
+            __m256 a[8], b[8];
+            for (int i = 0; i < 8; i++) a[i] = _mm256_loadu_ps(tmp + (r + i) * KC + k);
+            for (int i = 0; i < 8; i += 2) {
+                b[i] = _mm256_unpacklo_ps(a[i], a[i + 1]);
+                b[i + 1] = _mm256_unpackhi_ps(a[i], a[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4)
+                for (int j = 0; j < 2; j++) {
+                    a[i + j] = _mm256_shuffle_ps(b[i + j], b[i + j + 2], _MM_SHUFFLE(1, 0, 1, 0));
+                    a[i + j + 2] = _mm256_shuffle_ps(b[i + j], b[i + j + 2], _MM_SHUFFLE(3, 2, 3, 2));
+                }
+            /* a[0], a[2], a[1], a[3] hold columns 0, 1, 2, 3 of rows 0-3 (low half) and 4-7 of ... */
+            const int order[4] = {0, 2, 1, 3};
+            for (int j = 0; j < 4; j++) {
+                _mm256_storeu_ps(out + (k + j) * NW + r,
+                                 _mm256_permute2f128_ps(a[order[j]], a[order[j] + 4], 0x20));
+                _mm256_storeu_ps(out + (k + j + 4) * NW + r,
+                                 _mm256_permute2f128_ps(a[order[j]], a[order[j] + 4], 0x31));
+            }
+        }
+#else
+    for (int64_t k = 0; k < kc; k++)
+        for (int r = 0; r < NW; r++) out[k * NW + r] = tmp[r * KC + k];
+#endif
+}
+
+/* y[m][0:nw] (+)= x[m] . w[0:nw] for MRC activation rows; w given as panel [kc][NW] */
+static inline __attribute__((always_inline)) void gemm_tile(
+    const float* restrict x, const int64_t ldx, const float* restrict w, const int64_t kc, const int MRC,
+    float* restrict y, const int64_t ldy, const int first, const int64_t nw) {
+    V acc[MR][2];
+    UNROLL for (int m = 0; m < MRC; m++) acc[m][0] = acc[m][1] = vzero();
+    for (int64_t k = 0; k < kc; k++) {
+        const V w0 = vld(w + k * NW), w1 = vld(w + k * NW + VL);
+        UNROLL for (int m = 0; m < MRC; m++) {
+            const V a = vset1(x[m * ldx + k]);
+            acc[m][0] = vfma(a, w0, acc[m][0]);
+            acc[m][1] = vfma(a, w1, acc[m][1]);
+        }
+    }
+    if (nw == NW) {
+        UNROLL for (int m = 0; m < MRC; m++) UNROLL for (int h = 0; h < 2; h++) {
+            float* p = y + m * ldy + h * VL;
+            vst(p, first ? acc[m][h] : vadd(acc[m][h], vld(p)));
+        }
+    } else { /* the last, narrower panel */
+        float out[2 * VL];
+        UNROLL for (int m = 0; m < MRC; m++) {
+            vst(out, acc[m][0]);
+            vst(out + VL, acc[m][1]);
+            for (int64_t n = 0; n < nw; n++) y[m * ldy + n] = first ? out[n] : y[m * ldy + n] + out[n];
         }
     }
 }
 
-NO_FMA void q4x8_dequant(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
-                         int64_t n0, int64_t n1, float* out, int nthreads) {
-    const int64_t G = K / g;
-    const size_t ss = f16 ? 2 : 4;
+/* kind: 0 q4 (GGUF order), 1 q4 (x8 order), 2 q8; x [M, K] (row stride ldx) -> y [M, N] (row stride ldy) */
+void quant_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
+                const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t panels = (N + NW - 1) / NW;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t n = n0; n < n1; n++) {
-        const void *sc = (const char*)scales + n * G * ss, *mn = (const char*)mins + n * G * ss;
-        float* o = out + (n - n0) * K;
-        for (int64_t c = 0; c < K / 64; c++) {
-            const W8 v = x8_load(codes + n * (K / 2) + 32 * c);
-            for (int i = 0; i < 8; i++) {
-                const int64_t gi = (64 * c + 8 * i) / g;
-                const X8V p = x8_codes(v, i) * x8set1(scale_at(sc, f16, gi));
-                const X8V w = p + x8set1(scale_at(mn, f16, gi));
-                memcpy(o + 64 * c + 8 * i, &w, 32);
+    for (int64_t p = 0; p < panels; p++) {
+        float tmp[NW * KC] __attribute__((aligned(64))), w[KC * NW] __attribute__((aligned(64)));
+        const int64_t n0 = p * NW, nw = N - n0 < NW ? N - n0 : NW;
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = K - k0 < KC ? K - k0 : KC;
+            for (int64_t r = 0; r < NW; r++) {
+                if (r < nw) dequant_segment(kind, codes, scales, mins, f16, g, K, n0 + r, k0, k0 + kc, tmp + r * KC);
+                else memset(tmp + r * KC, 0, kc * sizeof(float));
+            }
+            transpose_panel(tmp, kc, w);
+            for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                const float* xm = x + m0 * ldx + k0;
+                float* ym = y + m0 * ldy + n0;
+                switch (M - m0 < MR ? M - m0 : MR) {
+#define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
+#if MR == 8
+                    T(8); T(7);
+#endif
+                    T(6); T(5); T(4); T(3); T(2); default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
+#undef T
+                }
             }
         }
     }
@@ -464,11 +549,9 @@ class QuantKernels:
         p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.q4_linear.argtypes = [p, p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
         lib.q8_linear.argtypes = [p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
-        lib.q4_dequant.argtypes = [p, p, p, i32, i64, i64, i64, i64, p, i32]
-        lib.q8_dequant.argtypes = [p, p, i32, i64, i64, i64, i64, p, i32]
         lib.q4x8_linear.argtypes = lib.q4_linear.argtypes
-        lib.q4x8_dequant.argtypes = lib.q4_dequant.argtypes
-        for fn in (lib.q4_linear, lib.q8_linear, lib.q4_dequant, lib.q8_dequant, lib.q4x8_linear, lib.q4x8_dequant):
+        lib.quant_gemm.argtypes = [i32, p, p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
+        for fn in (lib.quant_gemm, lib.q4_linear, lib.q8_linear, lib.q4x8_linear):
             fn.restype = None
         self._lib = lib
 
@@ -490,20 +573,18 @@ class QuantKernels:
                                 y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
         return y
 
-    def dequantize(self, w: QuantizedWeight, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        """Rows [start, stop) as float32, exactly as QuantizedWeight.dequantize computes them."""
-        stop = w.out_features if stop is None else stop
-        out = torch.empty(stop - start, w.in_features, dtype=torch.float32)
-        f16 = int(w.scales.dtype == torch.float16)
-        threads = torch.get_num_threads()
-        if w.kind == "q4":
-            fn = self._lib.q4x8_dequant if w.order == "x8" else self._lib.q4_dequant
-            fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, w.in_features,
-                                 start, stop, out.data_ptr(), threads)
-        else:
-            self._lib.q8_dequant(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, w.in_features, start, stop,
-                                 out.data_ptr(), threads)
-        return out
+    def gemm(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """As `linear`, register-blocked over a dequantized panel: for many activation rows."""
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m, k = x.shape
+        assert k == w.in_features and x.dtype == torch.float32
+        y = torch.empty(m, w.out_features, dtype=torch.float32) if out is None else out
+        kind = 2 if w.kind == "q8" else int(w.order == "x8")
+        self._lib.quant_gemm(kind, w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins),
+                             int(w.scales.dtype == torch.float16), w.group, x.data_ptr(), x.stride(0), y.data_ptr(),
+                             y.stride(0), m, w.out_features, k, torch.get_num_threads())
+        return y
 
 
 _lock = threading.Lock()
@@ -522,10 +603,11 @@ def _self_check(kernels: QuantKernels) -> None:
     q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
     for qw in (*q4, *(q.with_order("x8") for q in q4), quantize_int8(w, 16), quantize_int8(w, 32)):
         dense = qw.dequantize()
-        if not torch.equal(kernels.dequantize(qw), dense):
+        if not torch.equal(kernels.gemm(torch.eye(qw.in_features), qw), dense.T):  # x = I: y = W^T, exactly
             raise RuntimeError(f"{qw.source} dequantization disagrees with torch")
-        if not torch.allclose(kernels.linear(x, qw), x @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
-            raise RuntimeError(f"{qw.source} linear disagrees with torch")
+        for name, fn in (("linear", kernels.linear), ("gemm", kernels.gemm)):
+            if not torch.allclose(fn(x, qw), x @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
+                raise RuntimeError(f"{qw.source} {name} disagrees with torch")
 
 
 def quant_kernels() -> QuantKernels | None:
