@@ -33,13 +33,12 @@ from pathlib import Path
 import torch
 
 from tgi_llm.native_build import build_library
+from tgi_llm.native_vectors import VECTORS_C
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = r"""
+_SOURCE = VECTORS_C + r"""
 #include <math.h>
-#include <stdint.h>
-#include <string.h>
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef int32_t i16v __attribute__((vector_size(64)));
@@ -75,26 +74,6 @@ static inline float hsum(v16 v) {
     return s;
 }
 
-/* r[t] = sum of the lanes of a[t], for 16 vectors at once (a transpose-and-add tree: 45 ops, not 16 x 8). */
-static inline v16 sum16x16(const v16* a) {
-    const i16v m1a = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
-    const i16v m1b = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
-    const i16v m2a = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
-    const i16v m2b = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
-    const i16v m3a = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
-    const i16v m3b = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
-    const i16v m4a = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
-    const i16v m4b = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
-    v16 b[8], c[4], d[2];
-    for (int i = 0; i < 8; i++)
-        b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], m1a) + __builtin_shuffle(a[2 * i], a[2 * i + 1], m1b);
-    for (int i = 0; i < 4; i++)
-        c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], m2a) + __builtin_shuffle(b[2 * i], b[2 * i + 1], m2b);
-    for (int i = 0; i < 2; i++)
-        d[i] = __builtin_shuffle(c[2 * i], c[2 * i + 1], m3a) + __builtin_shuffle(c[2 * i], c[2 * i + 1], m3b);
-    return __builtin_shuffle(d[0], d[1], m4a) + __builtin_shuffle(d[0], d[1], m4b);
-}
-
 /* exp on 16 lanes, for x <= 0 (Cephes expf, ~1 ulp; below -87 it returns ~1e-38, never 0). */
 static inline v16 exp16(v16 x) {
     const v16 lo = splat(-87.0f), magic = splat(12582912.0f); /* 1.5 * 2^23: round to nearest */
@@ -114,85 +93,91 @@ static inline v16 exp16(v16 x) {
     return p * scale;
 }
 
-static inline void prefetch_block(const float* p, int64_t floats) {
+/* ---- decode: one query per sequence, K/V read in place through the block table ----
+   One work item per (sequence, KV head): its G query heads' scores against every key (4 keys at a time,
+   their rows kept in L1 across the G heads), a softmax, then p . v. Bound by the bytes of K and V. */
+
+#define MAX_DV (256 / VL) /* head size up to 256 */
+
+static inline void prefetch_rows(const float* p, const int64_t rows, const int64_t stride, const int64_t D) {
     /* the hardware prefetcher stops at page edges and blocks are scattered */
-    for (int64_t o = 0; o < floats; o += 16) __builtin_prefetch(p + o);
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t o = 0; o < D; o += 16) __builtin_prefetch(p + t * stride + o);
 }
 
-/* ---- decode: one query per sequence, K/V read in place through the block table ---- */
-
-static inline __attribute__((always_inline)) void decode_one(
-    const float* restrict qb, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
-    const int64_t L, float* restrict s, float* restrict ob, const int64_t Hq, const int64_t Hkv, const int64_t D,
+static inline __attribute__((always_inline)) void decode_head(
+    const float* restrict qh, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
+    const int64_t L, float* restrict s, float* restrict oh, const int64_t G, const int64_t tok, const int64_t D,
     const int64_t BS, const int64_t stride, const float scale) {
-    const int64_t G = Hq / Hkv, tok = Hkv * D, C = D / 16;
-    v16 part[Hq][16];
-    /* scores = scale * q . k, 16 tokens at a time */
+    /* qh, oh: this KV head's G query heads [G][D]; s: their score rows [G][stride]; kc/vc: offset to the head */
+    const int64_t C = D / VL;
+    float q[G * D];
+    for (int64_t i = 0; i < G * D; i++) q[i] = qh[i] * scale;
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
-        const float* blk = kc + (int64_t)table[j] * BS * tok;
-        if (l0 + BS < L) prefetch_block(kc + (int64_t)table[j + 1] * BS * tok, BS * tok);
-        for (int64_t t0 = 0; t0 < n; t0 += 16) {
-            const int64_t m = n - t0 < 16 ? n - t0 : 16;
-            for (int64_t t = 0; t < 16; t++) {
-                if (t >= m) {
-                    for (int64_t hq = 0; hq < Hq; hq++) part[hq][t] = (v16){0};
-                    continue;
-                }
-                const float* kp = blk + (t0 + t) * tok;
-                for (int64_t h = 0; h < Hkv; h++)
-                    for (int64_t g = 0; g < G; g++) {
-                        const float* qh = qb + (h * G + g) * D;
-                        v16 acc = ld(qh) * ld(kp + h * D);
-                        for (int64_t c = 1; c < C; c++) acc += ld(qh + 16 * c) * ld(kp + h * D + 16 * c);
-                        part[h * G + g][t] = acc;
-                    }
-            }
-            for (int64_t hq = 0; hq < Hq; hq++) {
-                float r[16];
-                st(r, sum16x16(part[hq]) * scale);
-                memcpy(s + hq * stride + l0 + t0, r, m * sizeof(float));
-            }
-        }
-    }
-    /* softmax over the L scores of each query head; the row is padded to a multiple of 16 */
-    const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    for (int64_t hq = 0; hq < Hq; hq++) {
-        float* sh = s + hq * stride;
-        v16 mv = splat(-INFINITY), sv = (v16){0};
-        for (int64_t l = 0; l < L; l += 16) {
-            const v16 x = ld(sh + l);
-            mv = vsel((lane + (int32_t)l < (int32_t)L) & (x > mv), x, mv);
-        }
-        const float mx = hmax(mv);
-        for (int64_t l = 0; l < L; l += 16) {
-            v16 e = vsel(lane + (int32_t)l < (int32_t)L, exp16(ld(sh + l) - mx), (v16){0});
-            st(sh + l, e);
-            sv += e;
-        }
-        const float inv = 1.f / hsum(sv);
-        for (int64_t l = 0; l < L; l += 16) st(sh + l, ld(sh + l) * inv);
-    }
-    /* out = p . v, per query head with D/16 independent accumulators kept in registers over a block */
-    memset(ob, 0, Hq * D * sizeof(float));
-    for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
-        const int64_t n = L - l0 < BS ? L - l0 : BS;
-        const float* blk = vc + (int64_t)table[j] * BS * tok;
-        if (l0 + BS < L) prefetch_block(vc + (int64_t)table[j + 1] * BS * tok, BS * tok);
-        for (int64_t h = 0; h < Hkv; h++)
+        const float* kb = kc + (int64_t)table[j] * BS * tok;
+        if (l0 + BS < L) prefetch_rows(kc + (int64_t)table[j + 1] * BS * tok, BS, tok, D);
+        int64_t t = 0;
+        for (; t + 4 <= n; t += 4)
             for (int64_t g = 0; g < G; g++) {
-                const int64_t hq = h * G + g;
-                const float* p = s + hq * stride + l0;
-                v16 acc[MAX_CHUNKS];
-                for (int64_t c = 0; c < C; c++) acc[c] = ld(ob + hq * D + 16 * c);
-                for (int64_t t = 0; t < n; t++) {
-                    const float* vp = blk + t * tok + h * D;
-                    const float pt = p[t];
-                    for (int64_t c = 0; c < C; c++) acc[c] += pt * ld(vp + 16 * c);
+                V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
+                for (int64_t c = 0; c < C; c++) {
+                    const V qv = vld(q + g * D + c * VL);
+                    a0 = vfma(qv, vld(kb + t * tok + c * VL), a0);
+                    a1 = vfma(qv, vld(kb + (t + 1) * tok + c * VL), a1);
+                    a2 = vfma(qv, vld(kb + (t + 2) * tok + c * VL), a2);
+                    a3 = vfma(qv, vld(kb + (t + 3) * tok + c * VL), a3);
                 }
-                for (int64_t c = 0; c < C; c++) st(ob + hq * D + 16 * c, acc[c]);
+                vsum4(a0, a1, a2, a3, s + g * stride + l0 + t);
+            }
+        for (; t < n; t++)
+            for (int64_t g = 0; g < G; g++) {
+                V a = vzero();
+                for (int64_t c = 0; c < C; c++) a = vfma(vld(q + g * D + c * VL), vld(kb + t * tok + c * VL), a);
+                s[g * stride + l0 + t] = vsum(a);
             }
     }
+    /* softmax numerators in place; the 1/sum is applied to the output */
+    float inv[G];
+    const int64_t Lv = L / VL * VL;
+    for (int64_t g = 0; g < G; g++) {
+        float* row = s + g * stride;
+        V mv = vset1(-INFINITY);
+        for (int64_t l = 0; l < Lv; l += VL) mv = vmax(mv, vld(row + l));
+        float mx = vhmax(mv);
+        for (int64_t l = Lv; l < L; l++) mx = row[l] > mx ? row[l] : mx;
+        V sv = vzero();
+        for (int64_t l = 0; l < Lv; l += VL) {
+            const V e = vexp(vld(row + l) - mx);
+            vst(row + l, e);
+            sv = vadd(sv, e);
+        }
+        float sum = vsum(sv);
+        for (int64_t l = Lv; l < L; l++) {
+            row[l] = expf(row[l] - mx);
+            sum += row[l];
+        }
+        inv[g] = 1.f / sum;
+    }
+    /* out = p . v: per query head, D / VL accumulators in registers over a block */
+    for (int64_t i = 0; i < G * D; i++) oh[i] = 0.f;
+    for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
+        const int64_t n = L - l0 < BS ? L - l0 : BS;
+        const float* vb = vc + (int64_t)table[j] * BS * tok;
+        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * BS * tok, BS, tok, D);
+        for (int64_t g = 0; g < G; g++) {
+            const float* p = s + g * stride + l0;
+            V acc[MAX_DV];
+            for (int64_t c = 0; c < C; c++) acc[c] = vld(oh + g * D + c * VL);
+            for (int64_t t = 0; t < n; t++) {
+                const V pt = vset1(p[t]);
+                for (int64_t c = 0; c < C; c++) acc[c] = vfma(pt, vld(vb + t * tok + c * VL), acc[c]);
+            }
+            for (int64_t c = 0; c < C; c++) vst(oh + g * D + c * VL, acc[c]);
+        }
+    }
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t c = 0; c < C; c++) vst(oh + g * D + c * VL, vmul(vld(oh + g * D + c * VL), vset1(inv[g])));
 }
 
 /* q, out: [B, Hq, D]; k_cache, v_cache: [num_blocks, BS, Hkv, D]; block_tables: [B, W] int32;
@@ -202,16 +187,18 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
                       const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
                       float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
                       int64_t stride, float scale, int nthreads) {
+    const int64_t G = Hq / Hkv, tok = Hkv * D;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) /* lengths differ: balance */
-    for (int64_t b = 0; b < B; b++) {
-        const float* qb = q + b * Hq * D;
-        float* s = scores + b * Hq * stride;
-        float* ob = out + b * Hq * D;
+    for (int64_t i = 0; i < B * Hkv; i++) {
+        const int64_t b = i / Hkv, h = i % Hkv, off = (b * Hq + h * G) * D;
+        float* s = scores + (b * Hq + h * G) * stride;
         const int32_t* table = block_tables + b * W;
         if (D == 64) /* the common head size, with its loop bounds known to the compiler */
-            decode_one(qb, kc, vc, table, seq_lens[b], s, ob, Hq, Hkv, 64, BS, stride, scale);
+            decode_head(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, G, tok, 64, BS, stride,
+                        scale);
         else
-            decode_one(qb, kc, vc, table, seq_lens[b], s, ob, Hq, Hkv, D, BS, stride, scale);
+            decode_head(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, G, tok, D, BS, stride,
+                        scale);
     }
 }
 

@@ -29,58 +29,14 @@ from pathlib import Path
 import torch
 
 from tgi_llm.native_build import build_library
+from tgi_llm.native_vectors import VECTORS_C
 from tgi_llm.quant.formats import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = r"""
-#include <stdint.h>
-#include <string.h>
+_SOURCE = VECTORS_C + r"""
 #include <stdlib.h>
-#if defined(__F16C__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
-/* Native-width vectors through intrinsics (GCC keeps arrays of its generic vectors, and byte-to-float
-   conversions of them, in memory: 10x slower here). A plain 8-lane GCC vector elsewhere. */
-#if defined(__AVX512F__)
-#define VL 16
-typedef __m512 V;
-#define vld(p) _mm512_loadu_ps(p)
-#define vst(p, v) _mm512_storeu_ps(p, v)
-#define vfma(a, b, c) _mm512_fmadd_ps(a, b, c)
-#define vmul(a, b) _mm512_mul_ps(a, b)
-#define vadd(a, b) _mm512_add_ps(a, b)
-#define vset1(x) _mm512_set1_ps(x)
-#define vzero() _mm512_setzero_ps()
-static inline float vsum(V v) { return _mm512_reduce_add_ps(v); }
-#elif defined(__AVX2__) && defined(__FMA__)
-#define VL 8
-typedef __m256 V;
-#define vld(p) _mm256_loadu_ps(p)
-#define vst(p, v) _mm256_storeu_ps(p, v)
-#define vfma(a, b, c) _mm256_fmadd_ps(a, b, c)
-#define vmul(a, b) _mm256_mul_ps(a, b)
-#define vadd(a, b) _mm256_add_ps(a, b)
-#define vset1(x) _mm256_set1_ps(x)
-#define vzero() _mm256_setzero_ps()
-static inline float vsum(V v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-#else
-#define VL 8
-typedef float V __attribute__((vector_size(32)));
-static inline V vld(const float* p) { V v; memcpy(&v, p, sizeof v); return v; }
-static inline void vst(float* p, V v) { memcpy(p, &v, sizeof v); }
-#define vfma(a, b, c) ((a) * (b) + (c))
-#define vmul(a, b) ((a) * (b))
-#define vadd(a, b) ((a) + (b))
-#define vset1(x) ((V){0} + (x))
-#define vzero() ((V){0})
-static inline float vsum(V v) { float s = 0.f; for (int i = 0; i < VL; i++) s += v[i]; return s; }
-#endif
 #define NV (32 / VL) /* vectors per 32 weights */
 #define MT 4         /* activation rows per pass over a weight row */
 #define UNROLL _Pragma("GCC unroll 16")

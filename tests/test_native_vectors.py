@@ -1,6 +1,7 @@
-"""The quantized kernels built for each instruction set they have code for, not only the one at hand: the
-plain-C vector fallback (no AVX), AVX2 and AVX-512. Each build that this CPU can run passes the load-time
-self-check and matches a float64 reference at decode and prefill sizes; the others must at least compile."""
+"""Both C kernel sources (quantized linears, CPU attention) built for each instruction set their shared
+vectors (native_vectors.py) have code for, not only the one at hand: the plain-C fallback (no AVX), AVX2
+and AVX-512. Each build this CPU can run passes its load-time self-check, and the quantized kernels match
+a float64 reference at decode and prefill sizes; the others must at least compile."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tgi_llm.attention import cpu_kernels as attention_mod
 from tgi_llm.native_build import BASE_FLAGS, build_library
 from tgi_llm.quant import kernels as kernels_mod
 from tgi_llm.quant.formats import quantize_int4, quantize_int8
@@ -37,8 +39,10 @@ def test_each_instruction_set_builds_and_computes(tmp_path, monkeypatch, isa, ma
     monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
     flags = tuple(march if f == "-march=native" else f for f in BASE_FLAGS)
     path = build_library(f"quant_{isa}", kernels_mod._SOURCE, flags=flags)
+    attention_path = build_library(f"attention_{isa}", attention_mod._SOURCE, flags=flags)
     if not needs <= CPU_FLAGS:
         pytest.skip(f"built; this CPU lacks {sorted(needs - CPU_FLAGS)} to run it")
+    attention_mod._self_check(attention_mod.CpuAttentionKernels(attention_path))
     kernels = kernels_mod.QuantKernels(path)
     kernels_mod._self_check(kernels)
     gen = torch.Generator().manual_seed(11)
