@@ -22,6 +22,8 @@ def test_budget_follows_the_cost_per_token_within_the_cap_and_a_block():
     assert pacer.budget(512, decoding=True) == 80
     pacer.observe(200, 0.2)  # the machine got faster: the average moves towards 1 ms per token
     assert 80 < pacer.budget(512, decoding=True) < 400
+    pacer.observe(100, 1.0)  # dearer at once (a longer context): the next step is sized by it, 10 ms per token
+    assert pacer.budget(512, decoding=True) == 40
     slow = StepPacer(0.4, min_tokens=16)
     slow.observe(64, 64.0)  # 1 s per token: still one block per step
     assert slow.budget(512, decoding=True) == 16

@@ -17,7 +17,7 @@ from tgi_llm.models import load_model
 from tgi_llm.quant.linear import QuantLinear
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights import default_gguf_path, resolve_model_dir
-from tgi_llm.weights.gguf import MARKER_FILE
+from tgi_llm.weights.resolve import MARKER_FILE
 
 VOCAB = 2048
 
@@ -148,7 +148,7 @@ def test_second_resolve_uses_the_cache(converted, mini_gguf, monkeypatch):
     def no_conversion(*args, **kwargs):
         raise AssertionError("converted again")
 
-    monkeypatch.setattr(resolve_mod, "convert_gguf", no_conversion)
+    monkeypatch.setattr(gguf_mod, "convert_gguf", no_conversion)  # resolve imports it when it converts
     assert resolve_model_dir(str(mini_gguf), cache_dir=cache) == model_dir
     assert (model_dir / "model.safetensors").stat().st_mtime_ns == mtime
 

