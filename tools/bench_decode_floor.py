@@ -24,20 +24,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tgi_llm.bench.floor import MatmulFloor  # noqa: E402
 
 
+def runner_with_own_cache(llm, num_blocks: int):
+    """A ModelRunner over the engine's model with a KV cache of `num_blocks` blocks of its own, so a
+    benchmark leaves the engine's cache untouched."""
+    from tgi_llm.kv_cache import allocate_kv_cache
+    from tgi_llm.runner.model_runner import ModelRunner
+
+    engine_runner = llm.engine.runner
+    model, bs = engine_runner.model, engine_runner.block_size
+    caches = allocate_kv_cache(model.config, num_blocks, bs, model.dtype)
+    return ModelRunner(model, caches, bs, model.config.vocab_size, engine_runner.device)
+
+
 def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     """A decode step of `batch` sequences at `context` tokens (forward + greedy sampling, as the engine's
     runner does it) against the matmul floor, interleaved; own KV cache, so the engine's stays untouched."""
     from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
-    from tgi_llm.kv_cache import allocate_kv_cache
     from tgi_llm.request import SamplingParams
-    from tgi_llm.runner.model_runner import ModelRunner
 
-    engine_runner = llm.engine.runner
-    model = engine_runner.model
-    bs = engine_runner.block_size
-    per_seq = -(-context // bs)
-    caches = allocate_kv_cache(model.config, batch * per_seq, bs, model.dtype)
-    runner = ModelRunner(model, caches, bs, model.config.vocab_size, engine_runner.device)
+    model = llm.engine.runner.model
+    per_seq = -(-context // llm.engine.runner.block_size)
+    runner = runner_with_own_cache(llm, batch * per_seq)
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     pos = context - 1
     rng = random.Random(0)

@@ -22,17 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def chunk_steps(llm, cached: int, sizes: list[int]):
     """One step function per chunk size, on a KV cache of the runner's own."""
-    from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
-    from tgi_llm.kv_cache import allocate_kv_cache
-    from tgi_llm.request import SamplingParams
-    from tgi_llm.runner.model_runner import ModelRunner
+    from bench_decode_floor import runner_with_own_cache
 
-    engine_runner = llm.engine.runner
-    model = engine_runner.model
-    bs = engine_runner.block_size
-    blocks = -(-(cached + max(sizes)) // bs)
-    caches = allocate_kv_cache(model.config, blocks, bs, model.dtype)
-    runner = ModelRunner(model, caches, bs, model.config.vocab_size, engine_runner.device)
+    from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
+    from tgi_llm.request import SamplingParams
+
+    blocks = -(-(cached + max(sizes)) // llm.engine.runner.block_size)
+    runner = runner_with_own_cache(llm, blocks)
     table = list(range(blocks))
     runner.forward_plan(StepPlan([ScheduledSeq(0, 0, [1000 + i % 7000 for i in range(cached)], table,
                                                samples=False)]))  # the cached context, once

@@ -23,11 +23,8 @@ LAYOUTS = [
 ]
 
 
-@needs_kernel
-@pytest.mark.parametrize(("name", "make"), LAYOUTS)
-@pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (64, 192), (130, 576)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
-def test_linear_matches_float64_reference(name, make, n, k, m):
+def assert_matches_float64(fn, name, make, n, k, m):
+    """`fn` (a kernel entry point) on an [m, k] input and an [n, k] weight of layout `make` against float64."""
     gen = torch.Generator().manual_seed(n * 1000 + k + m)
     w = make(torch.randn(n, k, generator=gen))
     if w is None:
@@ -35,7 +32,15 @@ def test_linear_matches_float64_reference(name, make, n, k, m):
     x = torch.randn(m, k, generator=gen)
     want = (x.double() @ w.dequantize().double().T).float()
     scale = want.abs().max().item() + 1
-    torch.testing.assert_close(kernel.linear(x, w), want, rtol=1e-5, atol=1e-5 * scale)
+    torch.testing.assert_close(fn(x, w), want, rtol=1e-5, atol=1e-5 * scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("name", "make"), LAYOUTS)
+@pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (64, 192), (130, 576)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_linear_matches_float64_reference(name, make, n, k, m):
+    assert_matches_float64(kernel.linear, name, make, n, k, m)
 
 
 @needs_kernel
@@ -44,14 +49,7 @@ def test_linear_matches_float64_reference(name, make, n, k, m):
 @pytest.mark.parametrize("m", [1, 5, 6, 7, 13, 40])
 def test_gemm_matches_float64_reference(name, make, n, k, m):
     """Panels narrower than the kernel's, K past one panel (576 = 256 + 256 + 64), every row-tile tail."""
-    gen = torch.Generator().manual_seed(n * 1000 + k + m)
-    w = make(torch.randn(n, k, generator=gen))
-    if w is None:
-        pytest.skip(f"{name} needs in_features divisible by its block")
-    x = torch.randn(m, k, generator=gen)
-    want = (x.double() @ w.dequantize().double().T).float()
-    scale = want.abs().max().item() + 1
-    torch.testing.assert_close(kernel.gemm(x, w), want, rtol=1e-5, atol=1e-5 * scale)
+    assert_matches_float64(kernel.gemm, name, make, n, k, m)
 
 
 @needs_kernel

@@ -511,13 +511,18 @@ class QuantKernels:
             fn.restype = None
         self._lib = lib
 
-    def linear(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, K] float32 (rows may be strided) -> [M, N] float32."""
+    @staticmethod
+    def _operands(x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x with unit column stride, and the output [M, N] (`out` when given)."""
         if x.stride(-1) != 1:
             x = x.contiguous()
+        assert x.shape[1] == w.in_features and x.dtype == torch.float32
+        return x, torch.empty(x.shape[0], w.out_features, dtype=torch.float32) if out is None else out
+
+    def linear(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] float32 (rows may be strided) -> [M, N] float32."""
+        x, y = self._operands(x, w, out)
         m, k = x.shape
-        assert k == w.in_features and x.dtype == torch.float32
-        y = torch.empty(m, w.out_features, dtype=torch.float32) if out is None else out
         f16 = int(w.scales.dtype == torch.float16)
         threads = torch.get_num_threads()
         if w.kind == "q4":
@@ -531,11 +536,8 @@ class QuantKernels:
 
     def gemm(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
         """As `linear`, register-blocked over a dequantized panel: for many activation rows."""
-        if x.stride(-1) != 1:
-            x = x.contiguous()
+        x, y = self._operands(x, w, out)
         m, k = x.shape
-        assert k == w.in_features and x.dtype == torch.float32
-        y = torch.empty(m, w.out_features, dtype=torch.float32) if out is None else out
         kind = 2 if w.kind == "q8" else int(w.order == "x8")
         self._lib.quant_gemm(kind, w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins),
                              int(w.scales.dtype == torch.float16), w.group, x.data_ptr(), x.stride(0), y.data_ptr(),
