@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 
-from tgi_llm.launcher.process import ServerProcess, load_failure
+from tgi_llm.launcher.process import ServerProcess, load_failure, reports_model_finalized
 
 UNLOAD_LINE = 'I1122 18:38:31.583934 15214 model_lifecycle.cc:624] "successfully unloaded \'tgi_llm\' version 1"'
 
@@ -92,3 +92,21 @@ def test_model_processes_are_the_stubs_running_the_model():
     finally:
         os.killpg(server.process.pid, signal.SIGKILL)  # its own session: the children go too
         server.wait()
+
+
+def test_the_models_finalize_line_is_recognised_plain_and_json():
+    # The stub exits right after this line, before tritonserver logs the unload: the launcher must not
+    # take that exit for a crash.
+    assert reports_model_finalized("2026-11-23 18:38:54,271 INFO tgi_llm.triton: model finalized")
+    assert reports_model_finalized(
+        '{"timestamp": "t", "level": "INFO", "fields": {"message": "model finalized"}, "target": "tgi_llm.triton"}')
+    assert not reports_model_finalized("2026-11-23 18:38:54,271 INFO tgi_llm.triton: stopping the engine")
+    assert not reports_model_finalized("2026-11-23 18:38:54,271 INFO someone.else: model finalized")
+
+
+def test_finalize_line_sets_the_event():
+    child = "print('2026-11-23 18:38:54,271 INFO tgi_llm.triton: model finalized', flush=True)"
+    server = ServerProcess([sys.executable, "-c", child], env={})
+    server.start()
+    server.wait()  # joins the log pump
+    assert server.model_finalized.is_set() and not server.model_unloaded.is_set()

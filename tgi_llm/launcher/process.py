@@ -54,6 +54,11 @@ def unloaded_pattern(model: str) -> re.Pattern[str]:
     return re.compile(rf"successfully unloaded '{re.escape(model)}' version \d+")
 
 
+def reports_model_finalized(line: str) -> bool:
+    """Our model's own last log line (tgi_llm/triton/model.py), plain or JSON: its stub exits next."""
+    return "tgi_llm.triton" in line and "model finalized" in line
+
+
 def load_failure(line: str) -> str | None:
     """The reason in `failed to load 'tgi_llm' version 1: Internal: ValueError: ...` (first line only)."""
     match = _LOAD_FAILURE.search(line)
@@ -81,6 +86,8 @@ class ServerProcess:
         #: The model unloaded itself (its engine or a shard died): it will not be ready again. Read from the
         #: log, so it is seen even when the model was ready too briefly for a readiness poll to notice.
         self.model_unloaded = threading.Event()
+        #: The model finalized itself: its stub's exit that follows is an unload, not a crash.
+        self.model_finalized = threading.Event()
         self._pump: threading.Thread | None = None
 
     def start(self) -> None:
@@ -102,6 +109,8 @@ class ServerProcess:
                 self.load_error = reason
             if self._unloaded.search(line):
                 self.model_unloaded.set()
+            elif reports_model_finalized(line):
+                self.model_finalized.set()
             for secret in self._redact:
                 line = line.replace(secret, "***")
             print(triton_line_as_json(line) if self.json_output else line.rstrip("\n"), file=sys.stderr, flush=True)

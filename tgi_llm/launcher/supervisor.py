@@ -190,7 +190,9 @@ class Supervisor:
                     return _ModelFailure(f"model `{self.model}` unloaded itself: its engine or a shard failed", False)
                 if time.monotonic() >= next_check:
                     next_check = time.monotonic() + CHECK_S
-                    if self._stub_pids and not any(pid_alive(p) for p in self._stub_pids):
+                    # A stub that finalized exits before tritonserver logs the unload: not a crash.
+                    if (self._stub_pids and not server.model_finalized.is_set()
+                            and not any(pid_alive(p) for p in self._stub_pids)):
                         return _ModelFailure(
                             f"model `{self.model}`'s process (Triton's Python backend stub, pid "
                             f"{', '.join(map(str, self._stub_pids))}) died: killed or crashed", True)
