@@ -62,11 +62,19 @@ typedef int32_t VI __attribute__((vector_size(VL * 4)));
 static inline V vblend(VI m, V a, V b) { return (V)(((VI)a & m) | ((VI)b & ~m)); } /* m ? a : b per lane */
 static inline V vmax(V a, V b) { return vblend(a > b, a, b); }
 static inline float vhmax(V v) {
+#if defined(__AVX512F__)
+    return _mm512_reduce_max_ps(v);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+#else
     float t[VL], m;
     vst(t, v);
     m = t[0];
     for (int i = 1; i < VL; i++) m = t[i] > m ? t[i] : m;
     return m;
+#endif
 }
 
 /* exp on VL lanes for x <= 0 (Cephes expf, ~1 ulp; below -87 it returns ~1e-38, never 0). */

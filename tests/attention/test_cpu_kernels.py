@@ -82,34 +82,49 @@ def causal_reference(q, k, v, scale):
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
 
 
-def fresh(starts, lens, k, v) -> list[PrefillSequence]:
-    return [PrefillSequence(s, n, k[s : s + n], v[s : s + n]) for s, n in zip(starts, lens, strict=True)]
+def paged(contexts, kv_heads, dim, block_size, gen):
+    """Each context's K/V ([L, Hkv, D] pairs) scattered over a shuffled paged cache whose other slots are
+    NaN (the kernel must read nothing else); returns the caches and the block tables."""
+    width = max(-(-k.shape[0] // block_size) for k, _ in contexts)
+    num_blocks = len(contexts) * width + 2
+    k_cache = torch.full((num_blocks, block_size, kv_heads, dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    tables = torch.randperm(num_blocks, generator=gen)[: len(contexts) * width].view(len(contexts), width)
+    for i, (k, v) in enumerate(contexts):
+        for pos in range(k.shape[0]):
+            blk, off = tables[i, pos // block_size], pos % block_size
+            k_cache[blk, off], v_cache[blk, off] = k[pos], v[pos]
+    return k_cache, v_cache, tables.to(torch.int32)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (4, 2, 16), (8, 8, 32), (6, 1, 128)])
-def test_prefill_matches_reference(heads, kv_heads, dim):
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block_size"),
+                         [(9, 3, 64, 16), (4, 2, 16, 4), (8, 8, 32, 1), (6, 1, 128, 17), (48, 1, 32, 16)])
+def test_prefill_matches_reference(heads, kv_heads, dim, block_size):
     gen = torch.Generator().manual_seed(2)
     lens = [2, 15, 16, 17, 40, 129]
     total = sum(lens)
-    # q/k/v as views of one fused projection, the way the model hands them over (strided rows)
-    qkv = torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen).view(total, -1, dim) * 2
-    q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+    # q as a view of one fused projection, the way the model hands it over (strided rows)
+    q = torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen).view(total, -1, dim)[:, :heads] * 2
+    contexts = [(torch.randn(n, kv_heads, dim, generator=gen), torch.randn(n, kv_heads, dim, generator=gen))
+                for n in lens]
+    k_cache, v_cache, tables = paged(contexts, kv_heads, dim, block_size, gen)
     out = torch.full((total, heads, dim), float("nan"))
     starts = [sum(lens[:i]) for i in range(len(lens))]
-    kernel.prefill(q, out, fresh(starts, lens, k, v), dim**-0.5)
-    for start, n in zip(starts, lens, strict=True):
+    kernel.prefill(q, out, k_cache, v_cache, tables, [PrefillSequence(s, n, n, i) for i, (s, n) in
+                                                      enumerate(zip(starts, lens, strict=True))], dim**-0.5)
+    for (start, n), (k, v) in zip(zip(starts, lens, strict=True), contexts, strict=True):
         rows = slice(start, start + n)
-        expected = causal_reference(q[rows], k[rows], v[rows], dim**-0.5)
-        torch.testing.assert_close(out[rows], expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out[rows], causal_reference(q[rows], k, v, dim**-0.5), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize(("cached", "new"), [(16, 16), (1, 40), (100, 3), (37, 29), (0, 5)])
+@pytest.mark.parametrize(("cached", "new"), [(16, 16), (1, 40), (100, 3), (37, 29), (0, 5), (500, 70)])
 def test_prefill_of_a_chunk_after_cached_tokens_matches_reference(cached, new):
     gen = torch.Generator().manual_seed(cached * 100 + new)
     q = torch.randn(new + 2, 9, 64, generator=gen)  # two extra rows the call must leave alone
     k, v = (torch.randn(cached + new, 3, 64, generator=gen) for _ in range(2))
+    k_cache, v_cache, tables = paged([(k, v)], 3, 64, 16, gen)
     out = torch.full_like(q, float("nan"))
-    kernel.prefill(q, out, [PrefillSequence(1, new, k, v)], 0.125)
+    kernel.prefill(q, out, k_cache, v_cache, tables, [PrefillSequence(1, new, cached + new, 0)], 0.125)
     torch.testing.assert_close(out[1 : 1 + new], causal_reference(q[1 : 1 + new], k, v, 0.125), rtol=1e-5, atol=1e-5)
     assert out[0].isnan().all() and out[-1].isnan().all()
 
@@ -117,22 +132,34 @@ def test_prefill_of_a_chunk_after_cached_tokens_matches_reference(cached, new):
 def test_chunks_of_a_prompt_give_the_rows_of_the_whole_prompt():
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(90, h, 64, generator=gen) for h in (9, 3, 3))
+    k_cache, v_cache, tables = paged([(k, v)], 3, 64, 16, gen)
     whole = torch.empty_like(q)
-    kernel.prefill(q, whole, [PrefillSequence(0, 90, k, v)], 0.125)
+    kernel.prefill(q, whole, k_cache, v_cache, tables, [PrefillSequence(0, 90, 90, 0)], 0.125)
     chunked = torch.empty_like(q)
     for start, end in ((0, 16), (16, 64), (64, 90)):
-        kernel.prefill(q[start:end], chunked[start:end], [PrefillSequence(0, end - start, k[:end], v[:end])], 0.125)
+        kernel.prefill(q[start:end], chunked[start:end], k_cache, v_cache, tables,
+                       [PrefillSequence(0, end - start, end, 0)], 0.125)
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
 
 
 def test_prefill_of_a_sequence_is_the_same_alone_or_with_others():
     gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn(100, h, 64, generator=gen) for h in (9, 3, 3))
+    q = torch.randn(100, 9, 64, generator=gen)
+    contexts = [tuple(torch.randn(n, 3, 64, generator=gen) for _ in range(2)) for n in (30, 70)]
+    k_cache, v_cache, tables = paged(contexts, 3, 64, 16, gen)
     together = torch.empty(100, 9, 64)
-    kernel.prefill(q, together, fresh([0, 30], [30, 70], k, v), 0.125)
+    both = [PrefillSequence(0, 30, 30, 0), PrefillSequence(30, 70, 70, 1)]
+    kernel.prefill(q, together, k_cache, v_cache, tables, both, 0.125)
     alone = torch.empty(70, 9, 64)
-    kernel.prefill(q[30:], alone, fresh([0], [70], k[30:], v[30:]), 0.125)
+    kernel.prefill(q[30:], alone, k_cache, v_cache, tables[1:], [PrefillSequence(0, 70, 70, 0)], 0.125)
     assert torch.equal(alone, together[30:])
+
+
+def test_prefill_takes_only_groups_its_work_items_hold():
+    cache = torch.zeros(4, 16, 1, 64)
+    assert CpuAttentionKernels.supports_prefill(torch.zeros(3, 48, 64), cache)
+    assert not CpuAttentionKernels.supports_prefill(torch.zeros(3, 64, 64), cache)  # 64 query heads per KV head
+    assert CpuAttentionKernels.supports(torch.zeros(3, 64, 64), cache)  # decode still takes them
 
 
 @pytest.mark.parametrize("forced", ["kernel", "torch"])

@@ -4,15 +4,15 @@ Decode: the pure-torch path gathers every sequence's K/V blocks into a padded co
 (index_select), then runs SDPA over it. That copy moves three times the bytes attention needs, and SDPA's
 CPU kernel is slow for one query per sequence; together they cost more than all the model's matmuls at
 batch 32. `paged_decode_f32` reads K/V in place through the block table, one sequence per OpenMP work
-item: ~4x faster. Prefill: SDPA's CPU flash kernel runs its small GEMMs through MKL, which takes no
-AVX-512 path on AMD CPUs; `prefill_attention_f32` (keys transposed into 16-key tiles, 16-row query tiles,
-online softmax, every prompt of the step in one call) is ~2.4x faster. Numbers in docs/PERFORMANCE.md.
+item: ~4x faster. Prefill: `paged_prefill_f32` attends every prompt chunk of the step in one call,
+reading each chunk's whole context (cached and new tokens) in place through its block table: no gathered
+copy, no mask tensor, and a chunk after cached tokens costs what the same rows of a whole prompt cost.
+Both are written on the native-width vectors of tgi_llm/native_vectors.py. Numbers in docs/PERFORMANCE.md.
 
-Which prefill is faster differs by machine: the kernel was ~2.4x faster than SDPA on an AVX-512 Zen 5, and
-4-6x slower on an AVX2 Zen 3 (its 64-byte vectors become register pairs there; SDPA's flash kernel on
-contiguous inputs is fast). So the prefill path is measured once at load, kernel against SDPA on one
-prompt-sized shape, and the faster serves (`TGI_LLM_CPU_PREFILL=kernel|torch` forces one); decode keeps
-the kernel, which wins on both (3-4x at batch 8-32 on the Zen 3).
+Which prefill is faster can differ by machine (SDPA's flash kernel runs its small GEMMs through MKL, which
+takes no AVX-512 path on AMD CPUs, and is good on AVX2). So the prefill path is measured once at load,
+kernel against SDPA on one prompt-sized shape, and the faster serves (`TGI_LLM_CPU_PREFILL=kernel|torch`
+forces one); decode keeps the kernel, which wins on both (3-4x at batch 8-32 on the Zen 3).
 
 Plain C called through ctypes (no torch headers: builds in about a second). It links `libgomp.so.1`,
 which the loader resolves to the copy torch already loaded, so it shares torch's thread pool. Built and
@@ -39,59 +39,7 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = VECTORS_C + r"""
 #include <math.h>
-
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef int32_t i16v __attribute__((vector_size(64)));
-
-#define MAX_CHUNKS 16 /* head size up to 256 */
-
-static inline v16 ld(const float* p) { v16 v; memcpy(&v, p, sizeof v); return v; }
-static inline void st(float* p, v16 v) { memcpy(p, &v, sizeof v); }
-static inline v16 splat(float x) { return (v16){0} + x; }
-
-static inline v16 vsel(i16v m, v16 a, v16 b) { /* m ? a : b per lane (C has no vector ?:) */
-    i16v ai, bi, r;
-    memcpy(&ai, &a, sizeof ai);
-    memcpy(&bi, &b, sizeof bi);
-    r = (ai & m) | (bi & ~m);
-    v16 out;
-    memcpy(&out, &r, sizeof out);
-    return out;
-}
-
-static inline float hmax(v16 v) {
-    float t[16], m;
-    st(t, v);
-    m = t[0];
-    for (int i = 1; i < 16; i++) m = t[i] > m ? t[i] : m;
-    return m;
-}
-
-static inline float hsum(v16 v) {
-    float t[16], s = 0.f;
-    st(t, v);
-    for (int i = 0; i < 16; i++) s += t[i];
-    return s;
-}
-
-/* exp on 16 lanes, for x <= 0 (Cephes expf, ~1 ulp; below -87 it returns ~1e-38, never 0). */
-static inline v16 exp16(v16 x) {
-    const v16 lo = splat(-87.0f), magic = splat(12582912.0f); /* 1.5 * 2^23: round to nearest */
-    x = vsel(x < lo, lo, x);
-    v16 n = (x * 1.44269504088896341f + magic) - magic;
-    v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    v16 p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    i16v e = (__builtin_convertvector(n, i16v) + 127) << 23;
-    v16 scale;
-    memcpy(&scale, &e, sizeof scale);
-    return p * scale;
-}
+#include <stdlib.h>
 
 /* ---- decode: one query per sequence, K/V read in place through the block table ----
    One work item per (sequence, KV head): its G query heads' scores against every key (4 keys at a time,
@@ -202,139 +150,200 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
     }
 }
 
-/* ---- prefill: causal attention of a sequence's new tokens over its context (flash style) ---- */
+/* ---- prefill: causal attention of prompt chunks over their context, K/V read in place (flash style) ----
+   One work item per (sequence, query tile, KV head): a tile's rows are up to MAXQ (token, query head of the
+   group) pairs. Keys go 16 at a time: the tile's keys transposed into kt ([D][16], 16 / VL vectors per d),
+   scores by a register-blocked micro-kernel (12 vector accumulators: 6 rows x 2 vectors on AVX2, 12 x 1 on
+   AVX-512), an online softmax per row, then p . v with 3 rows x 4 vectors of D in registers. */
 
-/* Keys of one (sequence, kv head) as [tiles][D][16]: a 16-key tile's d-th components are one vector, so
-   q . k for 16 keys is D multiply-adds with no horizontal sums. Zero past L. */
-static void transpose_keys(const float* restrict k, const int64_t ks, const int64_t h, const int64_t D,
-                           const int64_t L, float* restrict kt) {
-    for (int64_t j = 0; j < (L + 15) / 16; j++)
-        for (int64_t t = 0; t < 16; t++) {
-            float* dst = kt + j * D * 16 + t;
-            const int64_t row = j * 16 + t;
-            if (row < L) {
-                const float* src = k + row * ks + h * D;
-                for (int64_t d = 0; d < D; d++) dst[d * 16] = src[d];
-            } else {
-                for (int64_t d = 0; d < D; d++) dst[d * 16] = 0.f;
-            }
-        }
+#define KT 16
+#define NV (KT / VL)
+#define RQ (12 / NV)
+#define RP 3
+#define CB 4
+#define MAXQ 48 /* rows per work item: a multiple of 12, so of RQ and RP */
+#define UNROLL _Pragma("GCC unroll 16")
+
+static inline const float* key_row(const float* base, const int32_t* table, int64_t j, int64_t BS, int64_t tok) {
+    return base + ((int64_t)table[j / BS] * BS + j % BS) * tok;
 }
 
-#define QK_GROUP 8 /* queries whose scores accumulate together: independent FMA chains */
-#define PV_GROUP 4
-
-static inline __attribute__((always_inline)) void prefill_tile(
-    const float* restrict q, const int64_t qs, const float* restrict kt, const float* restrict v, const int64_t vs,
-    float* restrict out, const int64_t L, const int64_t off, const int64_t i0, const int64_t h, const int64_t G,
-    const int64_t Hq, const int64_t D, const float scale) {
-    /* L queries at context positions off .. off + L - 1; this tile: queries i0 .. i0 + m - 1 */
-    const int64_t C = D / 16, m = L - i0 < 16 ? L - i0 : 16, NQ = m * G;
-    const int64_t NQP = (NQ + QK_GROUP - 1) / QK_GROUP * QK_GROUP;
-    const i16v lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    float qf[NQP][D], mx[NQ], lsum[NQ], p[NQP][16];
-    v16 acc[NQP][C];
-    for (int64_t qi = 0; qi < NQP; qi++) {
-        for (int64_t c = 0; c < C; c++) acc[qi][c] = (v16){0};
-        if (qi >= NQ) {
-            memset(qf[qi], 0, D * sizeof(float));
-            memset(p[qi], 0, sizeof p[qi]);
-            continue;
+static void prefill_item(const float* restrict q, const int64_t qs, float* restrict out, const float* vc,
+                         const int32_t* restrict table, const int64_t BS, const int64_t tok,
+                         const int64_t h, const int64_t G, const int64_t Hq, const int64_t D, const int64_t i0,
+                         const int64_t m, const int64_t off, const float scale, const float* restrict kts,
+                         float* restrict qf, float* restrict acc, float* restrict p) {
+    /* queries: tokens i0 .. i0 + m - 1 of the chunk (context positions off + i0 ...), heads h*G .. h*G+G-1;
+       row r = token (r / G), head (r % G) */
+    const int64_t NQ = m * G, NQP = (NQ + 11) / 12 * 12, end = off + i0 + m;
+    float mx[MAXQ], l[MAXQ];
+    for (int64_t r = 0; r < NQP; r++) {
+        float* qr = qf + r * D;
+        if (r < NQ) {
+            const float* src = q + (i0 + r / G) * qs + (h * G + r % G) * D;
+            for (int64_t d = 0; d < D; d++) qr[d] = src[d] * scale;
+        } else {
+            memset(qr, 0, D * sizeof(float));
         }
-        const float* qp = q + (i0 + qi / G) * qs + (h * G + qi % G) * D;
-        for (int64_t d = 0; d < D; d++) qf[qi][d] = qp[d] * scale;
-        mx[qi] = -INFINITY;
-        lsum[qi] = 0.f;
+        memset(acc + r * D, 0, D * sizeof(float));
+        mx[r] = -INFINITY;
+        l[r] = 0.f;
     }
-    for (int64_t j0 = 0; j0 < off + i0 + m; j0 += 16) {
-        const int64_t nk = off + i0 + m - j0 < 16 ? off + i0 + m - j0 : 16;
-        const float* ktile = kt + (j0 / 16) * D * 16;
-        for (int64_t g0 = 0; g0 < NQP; g0 += QK_GROUP) {
-            v16 s[QK_GROUP];
-            for (int i = 0; i < QK_GROUP; i++) s[i] = (v16){0};
+    const float* vrow[KT];
+    for (int64_t j0 = 0; j0 < end; j0 += KT) {
+        const int64_t nk = end - j0 < KT ? end - j0 : KT;
+        const float* kt = kts + j0 * D; /* this tile's keys, [D][KT] */
+        for (int64_t t = 0; t < nk; t++) vrow[t] = key_row(vc, table, j0 + t, BS, tok);
+        for (int64_t r0 = 0; r0 < NQP; r0 += RQ) {
+            V s[RQ][NV];
+            UNROLL for (int r = 0; r < RQ; r++) UNROLL for (int v = 0; v < NV; v++) s[r][v] = vzero();
             for (int64_t d = 0; d < D; d++) {
-                const v16 kv = ld(ktile + d * 16);
-                for (int i = 0; i < QK_GROUP; i++) s[i] += qf[g0 + i][d] * kv;
-            }
-            for (int i = 0; i < QK_GROUP && g0 + i < NQ; i++) {
-                const int64_t qi = g0 + i;
-                /* key j0 + t is visible to query row i0 + qi / G when j0 + t <= off + i0 + qi / G (key 0 is
-                   visible to every row, so the running max is finite after the first tile) */
-                const i16v visible = lane + (int32_t)j0 <= (int32_t)(off + i0 + qi / G);
-                const v16 sc = vsel(visible, s[i], splat(-INFINITY));
-                const float tmax = hmax(sc), mnew = tmax > mx[qi] ? tmax : mx[qi];
-                const v16 e = vsel(visible, exp16(sc - mnew), (v16){0});
-                st(p[qi], e);
-                if (mnew > mx[qi] && mx[qi] != -INFINITY) { /* rescale what was summed under the old max */
-                    float corr[16];
-                    st(corr, exp16(splat(mx[qi] - mnew)));
-                    lsum[qi] *= corr[0];
-                    for (int64_t c = 0; c < C; c++) acc[qi][c] *= corr[0];
+                V kv[NV];
+                UNROLL for (int v = 0; v < NV; v++) kv[v] = vld(kt + d * KT + v * VL);
+                UNROLL for (int r = 0; r < RQ; r++) {
+                    const V qb = vset1(qf[(r0 + r) * D + d]);
+                    UNROLL for (int v = 0; v < NV; v++) s[r][v] = vfma(qb, kv[v], s[r][v]);
                 }
-                mx[qi] = mnew;
-                lsum[qi] += hsum(e);
             }
+            UNROLL for (int r = 0; r < RQ; r++)
+                UNROLL for (int v = 0; v < NV; v++) vst(p + (r0 + r) * KT + v * VL, s[r][v]);
         }
-        for (int64_t g0 = 0; g0 < NQ; g0 += PV_GROUP)
-            for (int64_t c = 0; c < C; c++) {
-                v16 a[PV_GROUP];
-                for (int i = 0; i < PV_GROUP; i++) a[i] = acc[g0 + i][c];
-                for (int64_t t = 0; t < nk; t++) {
-                    const v16 vv = ld(v + (j0 + t) * vs + h * D + 16 * c);
-                    for (int i = 0; i < PV_GROUP; i++) a[i] += p[g0 + i][t] * vv;
-                }
-                for (int i = 0; i < PV_GROUP; i++) acc[g0 + i][c] = a[i];
+        for (int64_t r = 0; r < NQP; r++) {
+            float* pr = p + r * KT;
+            const int64_t last = off + i0 + r / G; /* the last key this row sees */
+            if (r >= NQ || j0 > last) { /* padding, or a tile wholly in this row's future */
+                memset(pr, 0, KT * sizeof(float));
+                continue;
             }
+            if (j0 + KT - 1 > last)
+                for (int64_t t = last - j0 + 1; t < KT; t++) pr[t] = -INFINITY;
+            V mv = vld(pr);
+            for (int v = 1; v < NV; v++) mv = vmax(mv, vld(pr + v * VL));
+            const float tmax = vhmax(mv);
+            if (tmax > mx[r]) { /* rescale what was summed under the old max */
+                if (mx[r] != -INFINITY) {
+                    const float corr = expf(mx[r] - tmax);
+                    l[r] *= corr;
+                    for (int64_t c = 0; c < D; c += VL) vst(acc + r * D + c, vmul(vld(acc + r * D + c), vset1(corr)));
+                }
+                mx[r] = tmax;
+            }
+            const V mb = vset1(mx[r]);
+            V sum = vzero();
+            for (int v = 0; v < NV; v++) {
+                const V x = vld(pr + v * VL);
+                const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero()); /* masked keys weigh 0 */
+                vst(pr + v * VL, e);
+                sum = vadd(sum, e);
+            }
+            l[r] += vsum(sum);
+        }
+        for (int64_t r0 = 0; r0 < NQP; r0 += RP) {
+            int64_t c0 = 0;
+            for (; c0 + CB * VL <= D; c0 += CB * VL) {
+                V a[RP][CB];
+                UNROLL for (int r = 0; r < RP; r++)
+                    UNROLL for (int c = 0; c < CB; c++) a[r][c] = vld(acc + (r0 + r) * D + c0 + c * VL);
+                for (int64_t t = 0; t < nk; t++) {
+                    V vv[CB];
+                    UNROLL for (int c = 0; c < CB; c++) vv[c] = vld(vrow[t] + h * D + c0 + c * VL);
+                    UNROLL for (int r = 0; r < RP; r++) {
+                        const V pb = vset1(p[(r0 + r) * KT + t]);
+                        UNROLL for (int c = 0; c < CB; c++) a[r][c] = vfma(pb, vv[c], a[r][c]);
+                    }
+                }
+                UNROLL for (int r = 0; r < RP; r++)
+                    UNROLL for (int c = 0; c < CB; c++) vst(acc + (r0 + r) * D + c0 + c * VL, a[r][c]);
+            }
+            for (; c0 < D; c0 += VL) /* head sizes that are not a multiple of CB vectors */
+                for (int r = 0; r < RP; r++) {
+                    V a = vld(acc + (r0 + r) * D + c0);
+                    for (int64_t t = 0; t < nk; t++)
+                        a = vfma(vset1(p[(r0 + r) * KT + t]), vld(vrow[t] + h * D + c0), a);
+                    vst(acc + (r0 + r) * D + c0, a);
+                }
+        }
     }
-    for (int64_t qi = 0; qi < NQ; qi++) {
-        const float inv = 1.f / lsum[qi];
-        float* op = out + ((i0 + qi / G) * Hq + h * G + qi % G) * D;
-        for (int64_t c = 0; c < C; c++) st(op + 16 * c, acc[qi][c] * inv);
+    for (int64_t r = 0; r < NQ; r++) {
+        const V inv = vset1(1.f / l[r]);
+        float* o = out + ((i0 + r / G) * Hq + h * G + r % G) * D;
+        for (int64_t c = 0; c < D; c += VL) vst(o + c, vmul(vld(acc + r * D + c), inv));
     }
 }
 
-/* Sequence s: queries are rows qstart[s] .. qstart[s] + qlen[s] of q (row stride qs) and out ([T, Hq, D]
-   contiguous); its context is klen[s] >= qlen[s] keys and values at kaddr[s] / vaddr[s] (row strides
-   kstride[s] / vstride[s], heads of D contiguous), the queries being the last qlen[s] of them. kt: scratch,
-   klen[s] rounded up to 16 times Hkv * D floats at ktoff[s]. Work items: (sequence, query tile, kv head),
-   latest tiles (the most keys) first so the dynamic schedule ends balanced. */
-void prefill_attention_f32(const float* q, int64_t qs, float* out, const int64_t* kaddr, const int64_t* kstride,
-                           const int64_t* vaddr, const int64_t* vstride, float* kt, const int64_t* qstart,
-                           const int64_t* qlen, const int64_t* klen, const int64_t* ktoff, int64_t S, int64_t Hq,
-                           int64_t Hkv, int64_t D, float scale, int nthreads) {
+/* One (sequence, kv head)'s first L keys as [tiles][D][KT], zero past L: the score micro-kernel's layout,
+   shared by all the query tiles of the sequence. */
+static void transpose_keys(const float* kc, const int32_t* table, const int64_t BS, const int64_t tok,
+                           const int64_t D, const int64_t L, float* restrict kt) {
+    for (int64_t j0 = 0; j0 < L; j0 += KT)
+        for (int64_t t = 0; t < KT; t++) {
+            float* dst = kt + j0 * D + t;
+            if (j0 + t < L) {
+                const float* src = key_row(kc, table, j0 + t, BS, tok);
+                for (int64_t d = 0; d < D; d++) dst[d * KT] = src[d];
+            } else {
+                for (int64_t d = 0; d < D; d++) dst[d * KT] = 0.f;
+            }
+        }
+}
+
+/* Sequence s: its queries are rows qstart[s] .. qstart[s] + qlen[s] - 1 of q (row stride qs) and of out
+   ([T, Hq, D] contiguous), the last qlen[s] positions of its klen[s]-token context, whose K/V (new tokens
+   included) are in the paged cache ([blocks, BS, Hkv, D]) through block table row tables + trow[s] * W.
+   kt: scratch for the transposed keys, Hkv * D * (klen[s] rounded up to KT) floats at ktoff[s].
+   Work items: (sequence, query tile, kv head), the latest tiles (the most keys) first so the dynamic
+   schedule ends balanced. Returns 0, or -1 when a thread's scratch could not be allocated. */
+int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                      const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                      const int64_t* qlen, const int64_t* klen, const int64_t* ktoff, float* kt, int64_t S,
+                      int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads) {
+    const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D; /* MT: tokens per tile (G <= MAXQ) */
     int64_t items = 0;
-    for (int64_t s = 0; s < S; s++) items += Hkv * ((qlen[s] + 15) / 16);
+    for (int64_t s = 0; s < S; s++) items += Hkv * ((qlen[s] + MT - 1) / MT);
+    int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
+        float* scratch = malloc(sizeof(float) * (2 * MAXQ * D + MAXQ * KT));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t sh = 0; sh < S * Hkv; sh++) {
-            const int64_t s = sh / Hkv, h = sh % Hkv;
-            transpose_keys((const float*)kaddr[s], kstride[s], h, D, klen[s],
-                           kt + ktoff[s] + h * ((klen[s] + 15) / 16) * 16 * D);
+            const int64_t s = sh / Hkv, h = sh % Hkv, padded = (klen[s] + KT - 1) / KT * KT;
+            transpose_keys(kc + h * D, tables + trow[s] * W, BS, tok, D, klen[s], kt + ktoff[s] + h * padded * D);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
+            if (scratch == NULL) continue;
             int64_t rest = it, s = 0;
-            while (rest >= Hkv * ((qlen[s] + 15) / 16)) rest -= Hkv * ((qlen[s++] + 15) / 16);
-            const int64_t tiles = (qlen[s] + 15) / 16, ktiles = (klen[s] + 15) / 16;
-            const int64_t tile = tiles - 1 - rest / Hkv, h = rest % Hkv, G = Hq / Hkv, off = klen[s] - qlen[s];
-            const float *qq = q + qstart[s] * qs, *vv = (const float*)vaddr[s];
-            const float* kk = kt + ktoff[s] + h * ktiles * 16 * D;
+            while (rest >= Hkv * ((qlen[s] + MT - 1) / MT)) rest -= Hkv * ((qlen[s++] + MT - 1) / MT);
+            const int64_t tiles = (qlen[s] + MT - 1) / MT, tile = tiles - 1 - rest / Hkv, h = rest % Hkv;
+            const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
+            float *qf = scratch, *acc = qf + MAXQ * D, *p = acc + MAXQ * D;
+            const float* kts = kt + ktoff[s] + h * ((klen[s] + KT - 1) / KT * KT) * D;
+            const float* qq = q + qstart[s] * qs;
             float* oo = out + qstart[s] * Hq * D;
-            const int64_t vs = vstride[s];
-            if (D == 64 && G == 3)
-                prefill_tile(qq, qs, kk, vv, vs, oo, qlen[s], off, tile * 16, h, 3, Hq, 64, scale);
-            else if (D == 64)
-                prefill_tile(qq, qs, kk, vv, vs, oo, qlen[s], off, tile * 16, h, G, Hq, 64, scale);
+            const int32_t* table = tables + trow[s] * W;
+            if (D == 64)
+                prefill_item(qq, qs, oo, vc, table, BS, tok, h, G, Hq, 64, i0, m, klen[s] - qlen[s], scale, kts,
+                             qf, acc, p);
             else
-                prefill_tile(qq, qs, kk, vv, vs, oo, qlen[s], off, tile * 16, h, G, Hq, D, scale);
+                prefill_item(qq, qs, oo, vc, table, BS, tok, h, G, Hq, D, i0, m, klen[s] - qlen[s], scale, kts,
+                             qf, acc, p);
         }
+        free(scratch);
     }
+    return failed ? -1 : 0;
 }
 """
 
 #: The decode kernel keeps 16 partial vectors per query head on the stack.
 _MAX_QUERY_HEADS = 256
+#: Query heads per KV head the prefill kernel's work items hold (MAXQ in the C source).
+_MAX_PREFILL_GROUP = 48
+#: Keys per tile of the prefill kernel (KT in the C source).
+_KEY_TILE = 16
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
@@ -349,9 +358,9 @@ class CpuAttentionKernels:
         self._decode = lib.paged_decode_f32
         self._decode.argtypes = [ptr] * 7 + [i64] * 7 + [f32, i32]
         self._decode.restype = None
-        self._prefill = lib.prefill_attention_f32
-        self._prefill.argtypes = [ptr, i64] + [ptr] * 10 + [i64] * 4 + [f32, i32]
-        self._prefill.restype = None
+        self._prefill = lib.paged_prefill_f32
+        self._prefill.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64] + [ptr] * 6 + [i64] * 5 + [f32, i32]
+        self._prefill.restype = ctypes.c_int
         self._lib = lib
         #: Prompt chunks through the prefill kernel (True) or SDPA (False): measured at load (_choose_prefill).
         self.prefill_wins = True
@@ -395,46 +404,55 @@ class CpuAttentionKernels:
         )
         return out
 
+    @staticmethod
+    def supports_prefill(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+        """The prefill kernel's work items hold at most _MAX_PREFILL_GROUP query heads per KV head."""
+        return CpuAttentionKernels.supports(q, k_cache) and q.shape[1] // k_cache.shape[-2] <= _MAX_PREFILL_GROUP
+
     def prefill(
         self,
         q: torch.Tensor,  # [T, Hq, D] (rows may be strided)
         out: torch.Tensor,  # [T, Hq, D] contiguous; the sequences' rows are written
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D], contiguous, the new tokens' K/V written
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,  # [B, W] int32
         sequences: list[PrefillSequence],
         scale: float,
     ) -> None:
-        """Causal attention of each sequence's new tokens over its whole context, all sequences in one call."""
+        """Causal attention of each sequence's new tokens over its whole context, read in place from the
+        paged cache, all sequences in one call."""
         assert out.is_contiguous() and out.shape == q.shape
+        assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
         q = q if _rows_ok(q) else q.contiguous()
-        heads, dim = q.shape[1], q.shape[2]
-        kv_heads = sequences[0].keys.shape[1]
-        keys = [s.keys if _rows_ok(s.keys) else s.keys.contiguous() for s in sequences]
-        values = [s.values if _rows_ok(s.values) else s.values.contiguous() for s in sequences]
-        padded = [-(-k.shape[0] // 16) * 16 for k in keys]  # keys are transposed into 16-key tiles
+        _, block_size, kv_heads, dim = k_cache.shape
+        tables = block_tables.to(torch.int32).contiguous()
+        padded = [-(-s.context_len // _KEY_TILE) * _KEY_TILE for s in sequences]  # keys go in tiles
         offsets = [0]
         for n in padded[:-1]:
             offsets.append(offsets[-1] + n * kv_heads * dim)
-        meta = torch.tensor([
-            [k.data_ptr() for k in keys], [k.stride(0) for k in keys],
-            [v.data_ptr() for v in values], [v.stride(0) for v in values],
-            [s.first_row for s in sequences], [s.num_queries for s in sequences], [k.shape[0] for k in keys], offsets,
-        ], dtype=torch.int64)
+        meta = torch.tensor([[s.table_row for s in sequences], [s.first_row for s in sequences],
+                             [s.num_queries for s in sequences], [s.context_len for s in sequences], offsets],
+                            dtype=torch.int64)
         key_tiles = torch.empty(sum(padded) * kv_heads * dim, dtype=torch.float32)
-        self._prefill(
-            q.data_ptr(), q.stride(0), out.data_ptr(), *(row.data_ptr() for row in meta[:4]), key_tiles.data_ptr(),
-            *(row.data_ptr() for row in meta[4:]), len(sequences), heads, kv_heads, dim, scale,
-            torch.get_num_threads(),
+        failed = self._prefill(
+            q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
+            tables.shape[1], *(row.data_ptr() for row in meta), key_tiles.data_ptr(), len(sequences), q.shape[1],
+            kv_heads, dim, block_size, scale, torch.get_num_threads(),
         )
+        if failed:
+            raise MemoryError("prefill attention kernel: no memory for its per-thread scratch")
 
 
 @dataclass(frozen=True)
 class PrefillSequence:
-    """One sequence of a prefill call: its queries are rows first_row .. first_row + num_queries of q, and
-    the last num_queries of its context's keys/values ([L, Hkv, D] each, L >= num_queries)."""
+    """One sequence of a prefill call: its queries are rows first_row .. first_row + num_queries of q, the
+    last num_queries positions of its context_len-token context, whose K/V are in the cache through row
+    table_row of the block tables."""
 
     first_row: int
     num_queries: int
-    keys: torch.Tensor
-    values: torch.Tensor
+    context_len: int
+    table_row: int
 
 
 _lock = threading.Lock()
@@ -458,14 +476,15 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
         if not torch.allclose(got[i], want, rtol=1e-4, atol=1e-5):
             raise RuntimeError("paged decode kernel disagrees with torch")
     qp = torch.randn(9, heads, dim, generator=gen)
-    kp, vp = (torch.randn(13, kv_heads, dim, generator=gen) for _ in range(2))
     out = torch.empty_like(qp)
-    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones
-    kernels.prefill(qp, out, [PrefillSequence(0, 4, kp[:4], vp[:4]), PrefillSequence(4, 5, kp, vp)], 0.125)
-    for start, n, context in ((0, 4, 4), (4, 5, 13)):
+    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones, read through tables 1 and 2
+    kernels.prefill(qp, out, k_cache, v_cache, tables, [PrefillSequence(0, 4, 4, 1), PrefillSequence(4, 5, 13, 2)],
+                    0.125)
+    for start, n, context, row in ((0, 4, 4, 1), (4, 5, 13, 2)):
+        kp, vp = (c[tables[row]].reshape(-1, kv_heads, dim)[:context] for c in (k_cache, v_cache))
         mask = torch.ones(n, context, dtype=torch.bool).tril(context - n)
         want = torch.nn.functional.scaled_dot_product_attention(
-            qp[start:start + n].transpose(0, 1), kp[:context].transpose(0, 1), vp[:context].transpose(0, 1),
+            qp[start:start + n].transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1),
             attn_mask=mask, scale=0.125, enable_gqa=True).transpose(0, 1)
         if not torch.allclose(out[start:start + n], want, rtol=1e-4, atol=1e-5):
             raise RuntimeError("prefill attention kernel disagrees with torch")
@@ -488,17 +507,19 @@ def _choose_prefill(kernels: CpuAttentionKernels) -> str:
         kernels.prefill_wins = forced == "kernel"
         return f"forced by TGI_LLM_CPU_PREFILL={forced}"
     gen = torch.Generator().manual_seed(0)
-    n, heads, kv_heads, dim = 1024, 8, 2, 64
+    n, heads, kv_heads, dim, block_size = 1024, 8, 2, 64, 16
     q = torch.randn(n, heads, dim, generator=gen)
-    k, v = (torch.randn(n, kv_heads, dim, generator=gen) for _ in range(2))
+    k_cache, v_cache = (torch.randn(n // block_size, block_size, kv_heads, dim, generator=gen) for _ in range(2))
+    k, v = k_cache.view(n, kv_heads, dim), v_cache.view(n, kv_heads, dim)
+    tables = torch.arange(n // block_size, dtype=torch.int32)[None]
     out = torch.empty_like(q)
-    seqs = [PrefillSequence(0, n, k, v)]
-    kernels.prefill(q[:64], out[:64], [PrefillSequence(0, 64, k[:64], v[:64])], 0.125)  # warm-up: first-call costs
+    seqs = [PrefillSequence(0, n, n, 0)]
+    kernels.prefill(q[:64], out[:64], k_cache, v_cache, tables, [PrefillSequence(0, 64, 64, 0)], 0.125)  # warm-up
     _sdpa_prefill(q[:64], k[:64], v[:64], 0.125)
     best = {"kernel": float("inf"), "torch": float("inf")}
     for _ in range(2):
         t0 = time.perf_counter()
-        kernels.prefill(q, out, seqs, 0.125)
+        kernels.prefill(q, out, k_cache, v_cache, tables, seqs, 0.125)
         t1 = time.perf_counter()
         _sdpa_prefill(q, k, v, 0.125)
         t2 = time.perf_counter()

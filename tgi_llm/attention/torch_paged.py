@@ -2,8 +2,7 @@
 
 On the CPU (float32), decode sequences (one new token each) go through the C kernel of cpu_kernels.py,
 which reads K/V in place through the block tables; prompt chunks too where its prefill kernel measured
-faster than SDPA at load (all the step's chunks share one call; a chunk after cached tokens attends over
-its context gathered from the cache).
+faster than SDPA at load (all the step's chunks in one call, each over its whole context read in place).
 Elsewhere (or without a compiler): decodes through one batched SDPA call over K/V gathered from their
 block tables and padded to the longest, each prompt chunk through its own SDPA call.
 """
@@ -39,7 +38,8 @@ class TorchPagedAttention:
 
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
-        if kernels is not None and not (kernels.prefill_wins and kernels.supports(q, k)):
+        if kernels is not None and not (kernels.prefill_wins and kernels.supports_prefill(q, k_cache)
+                                        and k_cache.is_contiguous()):
             kernels = None  # decodes still take the kernel, in _decode
         decode_seqs: list[int] = []
         decode_tokens: list[int] = []
@@ -49,14 +49,8 @@ class TorchPagedAttention:
             if q_len == 1:
                 decode_seqs.append(i)
                 decode_tokens.append(start)
-            elif q_len > 1 and kernels is not None:
-                if seq_len == q_len:  # nothing cached before: the new K/V are the whole context
-                    keys, values = k[start : start + q_len], v[start : start + q_len]
-                else:  # a later chunk, or after a prefix-cache hit: the context is in the cache
-                    blocks = -(-seq_len // k_cache.shape[1])
-                    keys = gather_kv(k_cache, attn.block_tables[i : i + 1], blocks)[0, :seq_len]
-                    values = gather_kv(v_cache, attn.block_tables[i : i + 1], blocks)[0, :seq_len]
-                prompts.append(PrefillSequence(start, q_len, keys, values))
+            elif q_len > 1 and kernels is not None:  # K/V in place, the new tokens' already written
+                prompts.append(PrefillSequence(start, q_len, seq_len, i))
             elif q_len > 1:
                 out[start : start + q_len] = self._prefill(
                     q[start : start + q_len],
@@ -70,7 +64,7 @@ class TorchPagedAttention:
                 )
             start += q_len
         if prompts:
-            kernels.prefill(q, out, prompts, scale)
+            kernels.prefill(q, out, k_cache, v_cache, attn.block_tables, prompts, scale)
         if decode_seqs:
             seq_idx = torch.tensor(decode_seqs, device=q.device)
             tok_idx = torch.tensor(decode_tokens, device=q.device)

@@ -53,6 +53,14 @@ def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device, per_token: 
 
 
 def build_engine(opts: EngineOptions) -> Engine:
+    """Load on a thread that ends before the engine's starts: its OpenMP pool must not outlive the load
+    (tgi_llm/openmp.py)."""
+    from tgi_llm.openmp import on_passing_thread
+
+    return on_passing_thread(lambda: _build_engine(opts))
+
+
+def _build_engine(opts: EngineOptions) -> Engine:
     # Imported here so that `tgi_llm.engine` stays importable (and testable) without a model.
     from transformers import AutoTokenizer
 
