@@ -110,3 +110,27 @@ def test_finalize_line_sets_the_event():
     server.start()
     server.wait()  # joins the log pump
     assert server.model_finalized.is_set() and not server.model_unloaded.is_set()
+
+
+def test_stopping_twice_is_one_graceful_stop_but_a_second_signal_kills(tmp_path):
+    # Internal stops (giving up a start, a helper that died) may follow a user's stop signal: they must
+    # not turn it into a kill. A second *signal* still kills, as the README says.
+    marks, ready = tmp_path / "terms", tmp_path / "ready"
+    child = (f"import signal, time\nsignal.signal(signal.SIGTERM, lambda *a: open({str(marks)!r}, 'a').write('T'))\n"
+             f"open({str(ready)!r}, 'w').close()\ntime.sleep(60)")
+    server = ServerProcess([sys.executable, "-c", child], env={})
+    server.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:  # its handler is installed
+            time.sleep(0.05)
+        server.stop()
+        server.stop()
+        time.sleep(0.3)
+        assert marks.read_text() == "T" and server.process.poll() is None
+        server.request_stop()  # a second stop signal from the user
+        assert server.wait() == -signal.SIGKILL
+    finally:
+        if server.process.poll() is None:
+            server.process.kill()
+            server.wait()

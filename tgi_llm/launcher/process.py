@@ -82,6 +82,7 @@ class ServerProcess:
         self._redact = [r for r in redact if r]  # secrets tritonserver may echo (its command line)
         self.process: subprocess.Popen | None = None
         self.stop_requested = False
+        self._term_sent = False  # SIGTERM sent: a further stop signal kills
         self.load_error: str | None = None  # why the model failed to load, from tritonserver's log
         #: The model unloaded itself (its engine or a shard died): it will not be ready again. Read from the
         #: log, so it is seen even when the model was ready too briefly for a readiness poll to notice.
@@ -174,14 +175,20 @@ class ServerProcess:
             self.process.kill()
 
     def request_stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            self.stop_requested = True
-            return
-        if self.stop_requested:
+        """A stop signal: the first stops tritonserver gracefully, a second one kills it."""
+        if self._term_sent and self.process is not None and self.process.poll() is None:
             logger.warning("second stop signal: killing tritonserver")
             self.process.kill()
             return
+        self.stop()
+
+    def stop(self) -> None:
+        """Ask tritonserver to stop gracefully (in-flight requests finish), once: asking again is not a kill
+        (only a second stop signal is). Before start(), the start sends it."""
         self.stop_requested = True
+        if self._term_sent or self.process is None or self.process.poll() is not None:
+            return
+        self._term_sent = True
         logger.info("stopping tritonserver (in-flight requests finish first; signal again to kill)")
         self.process.send_signal(signal.SIGTERM)
 
@@ -201,7 +208,7 @@ class ServerProcess:
             for sig, old in previous.items():
                 signal.signal(sig, old)
             if self.process is not None and self.process.poll() is None:
-                self.request_stop()  # leaving early (an exception): never leave tritonserver behind
+                self.stop()  # leaving early (an exception): never leave tritonserver behind
                 try:
                     self.process.wait(timeout=120)
                 except subprocess.TimeoutExpired:

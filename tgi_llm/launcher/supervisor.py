@@ -114,13 +114,13 @@ class Supervisor:
             if second:
                 self.server.kill()
             else:
-                self.server.request_stop()
+                self.server.stop()
 
     def _shutdown_left_over(self) -> None:
         """Leaving early (an exception): never leave tritonserver behind."""
         server = self.server
         if server is not None and server.process is not None and server.process.poll() is None:
-            server.request_stop()
+            server.stop()
             try:
                 server.process.wait(timeout=120)
             except subprocess.TimeoutExpired:
@@ -134,7 +134,7 @@ class Supervisor:
         self.server = server = self.make_server()
         server.start()
         if self.stopping:  # a signal came while starting
-            server.request_stop()
+            server.stop()
         ready = server.wait_ready(self.ready_url, timeout_s=timeout_s)
         if ready:
             self._stub_pids = server.model_processes(self.model)
@@ -148,7 +148,7 @@ class Supervisor:
         """After start() returned False: stop what is left, return tritonserver's status."""
         assert self.server is not None
         if self.server.process.poll() is None:
-            self.server.request_stop()
+            self.server.stop()
         code = self.server.wait()
         self._clean_shm()
         return code
@@ -182,7 +182,7 @@ class Supervisor:
                     if not child.alive():
                         message = f"the {child.name} exited with status {child.process.poll()}"
                         logger.error("%s: stopping tritonserver", message)
-                        server.request_stop()
+                        server.stop()
                         server.wait()
                         self._clean_shm()
                         return message
@@ -215,7 +215,7 @@ class Supervisor:
         if failure.process_died:
             server.kill()
         elif server.process.poll() is None:
-            server.request_stop()
+            server.stop()
             try:
                 server.process.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
