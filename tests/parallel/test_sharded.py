@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -249,10 +250,12 @@ except RuntimeError as exc:
     print("raised:", exc)
 """
     env = dict(os.environ, TGI_SHARD_PYTHON="/bin/false", TGI_SHARD_SPAWN_TIMEOUT_S="3")
+    before = set(Path("/dev/shm").glob("mpich_shm_*"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=HANG_GUARD_S)
     assert "raised: shard processes did not start within 3s" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 0
+    assert set(Path("/dev/shm").glob("mpich_shm_*")) <= before  # MPI's segment is not left behind
 
 
 # ---- the real default model: 9 attention heads, 3 KV heads ----

@@ -314,6 +314,7 @@ def _spawn(setup: ShardSetup) -> tuple[list[int], list[int]]:
     thread = threading.Thread(target=run, name="tgi-shard-spawn", daemon=True)
     thread.start()
     thread.join(SPAWN_TIMEOUT_S)
+    unlink_mapped_segments()  # also when the spawn hangs or fails: MPI init has made this process's segment
     if thread.is_alive():
         global _SPAWN_BROKEN
         _SPAWN_BROKEN = "an earlier spawn never completed"
