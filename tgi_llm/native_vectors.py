@@ -55,6 +55,9 @@ static inline void vst(float* p, V v) { memcpy(p, &v, sizeof v); }
 static inline float vsum(V v) { float s = 0.f; for (int i = 0; i < VL; i++) s += v[i]; return s; }
 #endif
 
+/* Fully unroll a short loop of constant trip count: register-blocked accumulators stay in registers. */
+#define UNROLL _Pragma("GCC unroll 16")
+
 /* The same vectors' lanes as int32, for masks and exponent bits (GCC vector extensions: comparisons of V
    give VI masks, casts between same-sized vectors reinterpret bits). */
 typedef int32_t VI __attribute__((vector_size(VL * 4)));

@@ -152,9 +152,10 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
 
 /* ---- prefill: causal attention of prompt chunks over their context, K/V read in place (flash style) ----
    One work item per (sequence, query tile, KV head): a tile's rows are up to MAXQ (token, query head of the
-   group) pairs. Keys go 16 at a time: the tile's keys transposed into kt ([D][16], 16 / VL vectors per d),
-   scores by a register-blocked micro-kernel (12 vector accumulators: 6 rows x 2 vectors on AVX2, 12 x 1 on
-   AVX-512), an online softmax per row, then p . v with 3 rows x 4 vectors of D in registers. */
+   group) pairs. Keys go 16 at a time, transposed once per (sequence, KV head) into [D][16] tiles (16 / VL
+   vectors per d) that all its query tiles share; scores by a register-blocked micro-kernel (12 vector
+   accumulators: 6 rows x 2 vectors on AVX2, 12 x 1 on AVX-512), an online softmax per row, then p . v with
+   3 rows x 4 vectors of D in registers. */
 
 #define KT 16
 #define NV (KT / VL)
@@ -162,7 +163,9 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
 #define RP 3
 #define CB 4
 #define MAXQ 48 /* rows per work item: a multiple of 12, so of RQ and RP */
-#define UNROLL _Pragma("GCC unroll 16")
+
+static inline int64_t padded_keys(const int64_t L) { return (L + KT - 1) / KT * KT; } /* transposed length */
+static inline int64_t ceil_div(const int64_t a, const int64_t b) { return (a + b - 1) / b; }
 
 static inline const float* key_row(const float* base, const int32_t* table, int64_t j, int64_t BS, int64_t tok) {
     return base + ((int64_t)table[j / BS] * BS + j % BS) * tok;
@@ -299,7 +302,7 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
                       int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads) {
     const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D; /* MT: tokens per tile (G <= MAXQ) */
     int64_t items = 0;
-    for (int64_t s = 0; s < S; s++) items += Hkv * ((qlen[s] + MT - 1) / MT);
+    for (int64_t s = 0; s < S; s++) items += Hkv * ceil_div(qlen[s], MT);
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
@@ -310,18 +313,19 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t sh = 0; sh < S * Hkv; sh++) {
-            const int64_t s = sh / Hkv, h = sh % Hkv, padded = (klen[s] + KT - 1) / KT * KT;
-            transpose_keys(kc + h * D, tables + trow[s] * W, BS, tok, D, klen[s], kt + ktoff[s] + h * padded * D);
+            const int64_t s = sh / Hkv, h = sh % Hkv;
+            transpose_keys(kc + h * D, tables + trow[s] * W, BS, tok, D, klen[s],
+                           kt + ktoff[s] + h * padded_keys(klen[s]) * D);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (scratch == NULL) continue;
             int64_t rest = it, s = 0;
-            while (rest >= Hkv * ((qlen[s] + MT - 1) / MT)) rest -= Hkv * ((qlen[s++] + MT - 1) / MT);
-            const int64_t tiles = (qlen[s] + MT - 1) / MT, tile = tiles - 1 - rest / Hkv, h = rest % Hkv;
+            while (rest >= Hkv * ceil_div(qlen[s], MT)) rest -= Hkv * ceil_div(qlen[s++], MT);
+            const int64_t tile = ceil_div(qlen[s], MT) - 1 - rest / Hkv, h = rest % Hkv;
             const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
             float *qf = scratch, *acc = qf + MAXQ * D, *p = acc + MAXQ * D;
-            const float* kts = kt + ktoff[s] + h * ((klen[s] + KT - 1) / KT * KT) * D;
+            const float* kts = kt + ktoff[s] + h * padded_keys(klen[s]) * D;
             const float* qq = q + qstart[s] * qs;
             float* oo = out + qstart[s] * Hq * D;
             const int32_t* table = tables + trow[s] * W;

@@ -136,8 +136,6 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
     stopping = lambda: supervisor.stopping  # noqa: E731
     if not gateway.wait_ready(f"http://{host}:{args.http_port}/v2/health/live", expect_status=0, give_up=stopping):
         requested = stopping()
-        if not requested:  # a stop signal already asked tritonserver to stop: asking again would kill it
-            supervisor.request_stop()
         code = supervisor.end_failed_start()
         if requested:
             return code
@@ -150,8 +148,6 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
         children.append(front)
         if not front.wait_ready(f"http://{host}:{args.port}/health", give_up=stopping):
             requested = stopping()
-            if not requested:
-                supervisor.request_stop()
             code = supervisor.end_failed_start()
             if requested:
                 return code

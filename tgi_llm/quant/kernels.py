@@ -39,7 +39,6 @@ _SOURCE = VECTORS_C + r"""
 
 #define NV (32 / VL) /* vectors per 32 weights */
 #define MT 4         /* activation rows per pass over a weight row */
-#define UNROLL _Pragma("GCC unroll 16")
 
 /* 32 codes of a q4 block (16 bytes: element j in the low nibble of byte j, j + 16 in its high nibble) as
    NV float vectors, in order */
