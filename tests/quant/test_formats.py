@@ -52,6 +52,23 @@ def test_malformed_layouts_are_refused():
         QuantizedWeight("q8", codes, scales, None, 32, 64)
 
 
+def test_panel_byte_order_holds_the_same_weights():
+    w = quantize_int4(torch.randn(24, 192, generator=torch.Generator().manual_seed(5)), 64)
+    panel = w.with_order("panel", 8)
+    assert panel.codes.shape == w.codes.shape and not torch.equal(panel.codes, w.codes)
+    assert not torch.equal(panel.scales, w.scales)  # [N / 8][G][8], not row by row
+    assert torch.equal(panel.dequantize(), w.dequantize())
+    back = panel.with_order("gguf")
+    assert (torch.equal(back.codes, w.codes) and torch.equal(back.scales, w.scales)
+            and torch.equal(back.mins, w.mins))
+    assert torch.equal(panel.with_order("x8").dequantize(), w.dequantize())
+    assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
+    assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
+    assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
+    with pytest.raises(ValueError, match="byte order"):
+        w.with_order("panel", 16)  # 24 rows: not whole panels of 16
+
+
 def test_x8_byte_order_holds_the_same_weights():
     w = quantize_int4(torch.randn(6, 192, generator=torch.Generator().manual_seed(4)), 64)
     x8 = w.with_order("x8")

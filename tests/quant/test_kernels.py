@@ -12,12 +12,22 @@ from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
 
 kernel = kernels_mod.quant_kernels()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
+LANES = kernel.panel_lanes if kernel is not None else 8
+
+
+def whole_panels(w: torch.Tensor) -> torch.Tensor:
+    """w with rows added up to a multiple of the panel width (odd panel counts included: 33 -> 40 rows)."""
+    extra = -w.shape[0] % LANES
+    return torch.cat([w, w[:1].expand(extra, -1) * 0.5]) if extra else w
 
 LAYOUTS = [
     ("int4 g32", lambda w: quantize_int4(w, 32)),
     ("int4 g64 fp32 scales", lambda w: quantize_int4(w * 1e5, 64)),  # scales past float16's range
     ("int4 g32 x8 order", lambda w: quantize_int4(w, 32).with_order("x8") if w.shape[1] % 64 == 0 else None),
     ("int4 g128 x8 order", lambda w: quantize_int4(w, 128).with_order("x8") if w.shape[1] % 128 == 0 else None),
+    ("int4 g32 panel order", lambda w: quantize_int4(whole_panels(w), 32).with_order("panel", LANES)),
+    ("int4 g64 fp32 scales panel order",
+     lambda w: quantize_int4(whole_panels(w) * 1e5, 64).with_order("panel", LANES)),
     ("int8 per channel", lambda w: quantize_int8(w)),
     ("int8 g16", lambda w: quantize_int8(w, 16)),
 ]
@@ -114,5 +124,7 @@ def test_quant_linear_uses_the_kernels_byte_order_and_the_tied_table_follows(tin
     from tgi_llm.quant.modes import Quantization
 
     model, _ = load_model(tiny_model_factory("llama", tie_word_embeddings=True), quantization=Quantization("int4"))
-    assert model.layers[0].gate_up.qweight.order == "x8"  # in_features 64: the x8 order applies
+    gate_up = model.layers[0].gate_up.qweight
+    want = "panel" if gate_up.out_features % LANES == 0 else "x8"  # whole panels, else in_features 64: x8
+    assert gate_up.order == want
     assert model.embed_quant.codes.data_ptr() == model.lm_head_quant.qweight.codes.data_ptr()

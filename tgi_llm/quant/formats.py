@@ -15,6 +15,11 @@ weights, 8 little-endian 32-bit words, nibble i of word j holding weight 8i + j.
 turns 8 codes into 8 lanes with two plain vector ops, no byte shuffles, which is what bounds the
 GGUF-order kernel on AVX2 (its byte-to-lane widening runs on one shuffle port).
 
+The kernels' own order, ``panel`` (QuantLinear's choice when out_features is a multiple of the CPU's float
+lanes L): per L output rows and 8 consecutive k, L words, nibble i of word j = code(row j, k + i); scales
+and mins [N / L][G][L]. A vector op turns one word set into the codes of L rows at one k, which is the
+layout the GEMM micro-kernel multiplies, so nothing is transposed per call.
+
 Scales are float16 where the source's are (GGUF's d and m) and float32 where a product of two scales
 is exact only there (K-quants). Dequantizing here is exact: the products q * scale are exact in float32
 and each weight is rounded once, as gguf-py (and so transformers' GGUF loader) rounds it.
@@ -42,7 +47,8 @@ class QuantizedWeight:
     group: int
     in_features: int
     source: str = ""  # what it came from ("Q4_1", "int4", ...), for logs and the memory account
-    order: str = "gguf"  # q4 code byte order: "gguf" (as in the file) or "x8" (see above)
+    order: str = "gguf"  # q4 code byte order: "gguf" (as in the file), "x8" or "panel" (see above)
+    lanes: int = 0  # "panel" order: output rows per panel
 
     def __post_init__(self) -> None:
         n, k, g = self.out_features, self.in_features, self.group
@@ -59,8 +65,10 @@ class QuantizedWeight:
         if tuple(self.scales.shape) != (n, k // g) or self.scales.dtype not in (torch.float16, torch.float32):
             raise ValueError(f"scales must be float16/float32 {(n, k // g)}, got {self.scales.dtype} "
                              f"{tuple(self.scales.shape)}")
-        if self.order not in ("gguf", "x8") or (self.order == "x8" and (self.kind != "q4" or k % 64)):
+        if self.order not in ("gguf", "x8", "panel") or (self.order == "x8" and (self.kind != "q4" or k % 64)):
             raise ValueError(f"byte order {self.order!r} is for q4 codes with in_features % 64 == 0")
+        if self.order == "panel" and (self.kind != "q4" or self.lanes <= 0 or n % self.lanes):
+            raise ValueError(f"byte order 'panel' is for q4 codes with out_features a multiple of {self.lanes} lanes")
         if (self.mins is None) != (self.kind == "q8"):
             raise ValueError("q4 needs mins, q8 has none")
         if self.mins is not None and (self.mins.shape != self.scales.shape or self.mins.dtype != self.scales.dtype):
@@ -87,6 +95,8 @@ class QuantizedWeight:
 
     def rows(self, index: torch.Tensor | slice) -> QuantizedWeight:
         """A subset (or permutation) of output rows: rows are quantized independently, so this is exact."""
+        if self.order == "panel":
+            return self.with_order("gguf").rows(index)
         pick = (lambda t: t[index]) if isinstance(index, slice) else (lambda t: t.index_select(0, index))
         return replace(self, codes=pick(self.codes), scales=pick(self.scales),
                        mins=None if self.mins is None else pick(self.mins)).contiguous()
@@ -95,7 +105,7 @@ class QuantizedWeight:
         """Input features [start, stop), which must fall on group boundaries (a row-parallel shard)."""
         if start % self.group or stop % self.group:
             raise ValueError(f"columns {start}:{stop} do not fall on {self.group}-weight group boundaries")
-        if self.order == "x8" and (start % 64 or stop % 64):
+        if self.order == "panel" or (self.order == "x8" and (start % 64 or stop % 64)):
             return self.with_order("gguf").columns(start, stop)
         per_byte = 2 if self.kind == "q4" else 1
         g0, g1 = start // self.group, stop // self.group
@@ -108,13 +118,27 @@ class QuantizedWeight:
         n, k, g = w.out_features, w.in_features, w.group
         if w.kind == "q4":
             q = w.q4_codes().view(n, k // g, g).float()
-            return (q * w.scales.float()[..., None] + w.mins.float()[..., None]).view(n, k)
+            scales, mins = w._row_major(w.scales), w._row_major(w.mins)
+            return (q * scales.float()[..., None] + mins.float()[..., None]).view(n, k)
         return (w.codes.view(n, k // g, g).float() * w.scales.float()[..., None]).view(n, k)
 
+
+    def _row_major(self, t: torch.Tensor) -> torch.Tensor:
+        """Scales or mins [N, G] row by row (the panel order keeps them [N / lanes][G][lanes])."""
+        if self.order != "panel":
+            return t
+        n, g, lanes = t.shape[0], t.shape[1], self.lanes
+        return t.view(n // lanes, g, lanes).transpose(1, 2).reshape(n, g)
 
     def q4_codes(self) -> torch.Tensor:
         """The q4 codes one per byte, [N, K], in weight order."""
         n, k = self.codes.shape[0], self.in_features
+        if self.order == "panel":  # words [N / L][K / 8][L]: nibble i of word j = code(row j, k + i)
+            lanes = self.lanes
+            words = self.codes.contiguous().view(torch.int32).view(n // lanes, k // 8, lanes)
+            shifts = torch.arange(0, 32, 4, dtype=torch.int32).view(1, 1, 1, 8)
+            q = (words[..., None] >> shifts) & 15  # [N / L, K / 8, L, 8]
+            return q.permute(0, 2, 1, 3).to(torch.uint8).reshape(n, k)
         if self.order == "x8":
             words = self.codes.contiguous().view(torch.int32).view(n, k // 64, 8)  # little-endian words
             shifts = torch.arange(0, 32, 4, dtype=torch.int32).view(1, 1, 8, 1)
@@ -122,14 +146,23 @@ class QuantizedWeight:
         packed = self.codes.view(n, k // BLOCK, BLOCK // 2)
         return torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k)
 
-    def with_order(self, order: str) -> QuantizedWeight:
-        """The same q4 weight with its codes in `order` (same bytes, rearranged)."""
-        if order == self.order:
+    def with_order(self, order: str, lanes: int = 0) -> QuantizedWeight:
+        """The same q4 weight with its codes in `order` (same bytes, rearranged); "panel" takes `lanes`."""
+        if order == self.order and (order != "panel" or lanes == self.lanes):
             return self
         n, k = self.codes.shape[0], self.in_features
         if order == "x8" and (self.kind != "q4" or k % 64):
             raise ValueError(f"byte order 'x8' is for q4 codes with in_features % 64 == 0, not {self.kind} {k}")
         q = self.q4_codes()
+        scales, mins = self._row_major(self.scales), None if self.mins is None else self._row_major(self.mins)
+        if order == "panel":
+            if self.kind != "q4" or lanes <= 0 or n % lanes:
+                raise ValueError(f"byte order 'panel' is for q4 codes with out_features a multiple of {lanes}")
+            parts = q.view(n // lanes, lanes, k // 8, 8).permute(0, 2, 1, 3).to(torch.int64)
+            words = (parts << (4 * torch.arange(8))).sum(dim=-1)  # [N / L, K / 8, L]
+            codes = words.to(torch.int32).contiguous().view(torch.uint8).view(n, k // 2)
+            panel = lambda t: t.view(n // lanes, lanes, -1).transpose(1, 2).contiguous().view(n, -1)  # noqa: E731
+            return replace(self, codes=codes, scales=panel(scales), mins=panel(mins), order=order, lanes=lanes)
         if order == "x8":
             parts = q.view(n, k // 64, 8, 8).to(torch.int64) << (4 * torch.arange(8).view(1, 1, 8, 1))
             words = parts.sum(dim=2)  # [n, k/64, 8]: word j = sum_i code(8i + j) << 4i
@@ -137,7 +170,7 @@ class QuantizedWeight:
         else:
             pairs = q.view(n, k // BLOCK, 2, BLOCK // 2)
             codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, k // 2)
-        return replace(self, codes=codes.contiguous(), order=order)
+        return replace(self, codes=codes.contiguous(), scales=scales, mins=mins, order=order, lanes=0)
 
 
 def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
@@ -146,8 +179,8 @@ def concat_rows(parts: list[QuantizedWeight]) -> QuantizedWeight:
     if len(parts) == 1:
         return first
     for p in parts[1:]:
-        if (p.kind, p.group, p.in_features, p.scales.dtype, p.order) != (
-                first.kind, first.group, first.in_features, first.scales.dtype, first.order):
+        if (p.kind, p.group, p.in_features, p.scales.dtype, p.order, p.lanes) != (
+                first.kind, first.group, first.in_features, first.scales.dtype, first.order, first.lanes):
             raise ValueError(f"cannot fuse {first.source} and {p.source} weights: layouts differ")
     cat = lambda ts: torch.cat(ts, dim=0)  # noqa: E731
     return replace(first, codes=cat([p.codes for p in parts]), scales=cat([p.scales for p in parts]),

@@ -8,9 +8,12 @@ dequantized weights up to summation order (no activation quantization, unlike gg
 Two kernels, chosen by the number of activation rows (QuantLinear):
 - `linear`, for decode: per output row and group s = sum(q * x) over the group's codes (converted to
   float in registers), y += scale * s, plus, for q4, min * sum(x over the group) (x's group sums computed
-  once per call); each row's codes are read once for up to 4 activation rows.
+  once per call); each row's codes are read once for up to 3-4 activation rows.
 - `gemm`, for batches and prefill chunks: each thread dequantizes a panel of weights into L1 (exactly as
-  torch does), transposed, and a register-blocked micro-kernel multiplies it with all activation rows.
+  torch does), k-major, and a register-blocked micro-kernel multiplies it with all activation rows.
+q4 weights in the "panel" byte order (formats.py; VL output rows side by side, so one vector holds one k
+of VL rows) go through `q4p_linear` / `q4p_gemm`, which need no horizontal sums and no transposes; the
+others through the row-by-row kernels.
 Rows are split over OpenMP threads. The code uses AVX2 or AVX-512 intrinsics where -march=native
 (native_build) has them and GCC vectors elsewhere; float16 scales go through F16C where the CPU has it.
 
@@ -491,6 +494,139 @@ void quant_gemm(int kind, const void* codes, const void* scales, const void* min
         }
     }
 }
+/* ---- q4 codes in the "panel" order: VL output rows per panel, so a vector holds one k of VL rows ----
+   Per panel and 8 consecutive k: VL little-endian 32-bit words, nibble i of word j = code(row j, k + i);
+   scales and mins [N / VL][G][VL]. `(word >> 4i) & 15` turns 8 codes into VL lanes with two vector ops,
+   and the outputs of a panel are VL adjacent floats: no transposes, no horizontal sums, no weight panel
+   in memory (the "gemm" above spends as long dequantizing into L1 as multiplying below ~32 rows). */
+int panel_lanes(void) { return VL; }
+
+typedef float VF __attribute__((vector_size(VL * 4)));
+typedef uint32_t VU __attribute__((vector_size(VL * 4)));
+static inline VU pload(const uint8_t* p) { VU v; memcpy(&v, p, sizeof v); return v; }
+static inline __attribute__((always_inline)) V pcode(const VU w, const int i) {
+    return (V)__builtin_convertvector((VI)((w >> (4 * i)) & 15u), VF);
+}
+/* VL scales (or mins) from index i, as float32 */
+static inline __attribute__((always_inline)) V pscale(const void* s, const int F16, const int64_t i) {
+    if (!F16) return vld((const float*)s + i);
+#if defined(__AVX512F__)
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)s + i)));
+#elif defined(__AVX2__) && defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)s + i)));
+#else
+    float t[VL];
+    for (int l = 0; l < VL; l++) t[l] = half_to_float(((const uint16_t*)s)[i + l]);
+    return vld(t);
+#endif
+}
+
+/* Few activation rows: per group, part = sum(q * x) in each lane (one output row), then
+   acc += scale * part + min * (sum of x over the group). Two panels per pass: each broadcast x feeds two FMAs. */
+#define PT 3 /* activation rows per pass: 2 PT partial sums + 2 PT accumulators + codes, x in 16 registers */
+static inline __attribute__((always_inline)) void q4p_rows(
+    const uint8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t g, const int64_t G,
+    const int64_t K, const int NP, const float* restrict x, const int64_t ldx, const float* restrict xs,
+    const int MTC, float* restrict y, const int64_t ldy) {
+    V acc[PT][2];
+    UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) acc[m][h] = vzero();
+    for (int64_t gi = 0; gi < G; gi++) {
+        V part[PT][2];
+        UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) part[m][h] = vzero();
+        for (int64_t k = gi * g; k < (gi + 1) * g; k += 8) {
+            VU w[2];
+            UNROLL for (int h = 0; h < NP; h++) w[h] = pload(q + h * VL * (K / 2) + k / 8 * VL * 4);
+            UNROLL for (int i = 0; i < 8; i++) {
+                V c[2];
+                UNROLL for (int h = 0; h < NP; h++) c[h] = pcode(w[h], i);
+                UNROLL for (int m = 0; m < MTC; m++) {
+                    const V a = vset1(x[m * ldx + k + i]);
+                    UNROLL for (int h = 0; h < NP; h++) part[m][h] = vfma(c[h], a, part[m][h]);
+                }
+            }
+        }
+        UNROLL for (int h = 0; h < NP; h++) {
+            const V s = pscale(sc, F16, (h * G + gi) * VL), mi = pscale(mn, F16, (h * G + gi) * VL);
+            UNROLL for (int m = 0; m < MTC; m++)
+                acc[m][h] = vfma(mi, vset1(xs[m * G + gi]), vfma(part[m][h], s, acc[m][h]));
+        }
+    }
+    UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) vst(y + m * ldy + h * VL, acc[m][h]);
+}
+
+void q4p_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+                const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g, panels = N / VL;
+    float* xs = malloc(sizeof(float) * (M * G + 1)); /* group sums of x, for the mins */
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t gi = 0; gi < G; gi++) {
+            float s = 0.f;
+            for (int64_t k = gi * g; k < (gi + 1) * g; k++) s += x[m * ldx + k];
+            xs[m * G + gi] = s;
+        }
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of panels (the last may be single) */
+        const int64_t p = 2 * pp;
+        const uint8_t* q = codes + p * VL * (K / 2);
+        const void *sc = (const char*)scales + p * G * VL * ss, *mn = (const char*)mins + p * G * VL * ss;
+        for (int64_t m0 = 0; m0 < M; m0 += PT) {
+            const float *xm = x + m0 * ldx, *xsm = xs + m0 * G;
+            float* ym = y + m0 * ldy + p * VL;
+#define R(r) case r: if (panels - p >= 2) q4p_rows(q, sc, mn, f16, g, G, K, 2, xm, ldx, xsm, r, ym, ldy); \
+                     else q4p_rows(q, sc, mn, f16, g, G, K, 1, xm, ldx, xsm, r, ym, ldy); break
+            switch (M - m0 < PT ? M - m0 : PT) { R(3); R(2); default: R(1); }
+#undef R
+        }
+    }
+    free(xs);
+}
+
+/* Many activation rows: `quant_gemm`'s micro-kernel over two panels (NW = 2 VL output rows), which the
+   panel order dequantizes straight into the k-major layout the micro-kernel reads: no row-by-row
+   dequantization and no transpose (they cost as much as the multiplication below ~32 rows). Exactly as
+   torch dequantizes (q * scale + min, two roundings: NO_FMA), so the results equal quant_gemm's bit for bit. */
+__attribute__((noinline)) NO_FMA static void dequant_panels(
+    const uint8_t* restrict q, const void* sc, const void* mn, const int f16, const int64_t g, const int64_t G,
+    const int64_t K, const int np, const int64_t k0, const int64_t kc, float* restrict out) {
+    for (int h = 0; h < np; h++)
+        for (int64_t k = k0; k < k0 + kc; k += 8) {
+            const int64_t gi = k / g;
+            const V s = pscale(sc, f16, (h * G + gi) * VL), mi = pscale(mn, f16, (h * G + gi) * VL);
+            const VU w = pload(q + h * VL * (K / 2) + k / 8 * VL * 4);
+            UNROLL for (int i = 0; i < 8; i++) vst(out + (k - k0 + i) * NW + h * VL, vadd(vmul(pcode(w, i), s), mi));
+        }
+}
+
+void q4p_gemm(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+              const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t panels = N / VL, G = K / g;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of panels (the last may be single) */
+        float w[KC * NW] __attribute__((aligned(64)));
+        const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
+        const uint8_t* q = codes + p * VL * (K / 2);
+        const void *sc = (const char*)scales + p * G * VL * ss, *mn = (const char*)mins + p * G * VL * ss;
+        if (np == 1) memset(w, 0, sizeof w);
+        for (int64_t k0 = 0; k0 < K; k0 += KC) {
+            const int64_t kc = K - k0 < KC ? K - k0 : KC;
+            dequant_panels(q, sc, mn, f16, g, G, K, np, k0, kc, w);
+            for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                const float* xm = x + m0 * ldx + k0;
+                float* ym = y + m0 * ldy + p * VL;
+                switch (M - m0 < MR ? M - m0 : MR) {
+#define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
+#if MR == 8
+                    T(8); T(7);
+#endif
+                    T(6); T(5); T(4); T(3); T(2); default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
+#undef T
+                }
+            }
+        }
+    }
+}
 """
 
 
@@ -506,9 +642,13 @@ class QuantKernels:
         lib.q8_linear.argtypes = [p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
         lib.q4x8_linear.argtypes = lib.q4_linear.argtypes
         lib.quant_gemm.argtypes = [i32, p, p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
-        for fn in (lib.quant_gemm, lib.q4_linear, lib.q8_linear, lib.q4x8_linear):
+        lib.q4p_linear.argtypes = lib.q4p_gemm.argtypes = lib.q4_linear.argtypes
+        for fn in (lib.quant_gemm, lib.q4_linear, lib.q8_linear, lib.q4x8_linear, lib.q4p_linear, lib.q4p_gemm):
             fn.restype = None
+        lib.panel_lanes.restype = ctypes.c_int
         self._lib = lib
+        #: Output rows per panel of the "panel" q4 byte order (formats.py): the CPU's float lanes.
+        self.panel_lanes = int(lib.panel_lanes())
 
     @staticmethod
     def _operands(x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -525,7 +665,7 @@ class QuantKernels:
         f16 = int(w.scales.dtype == torch.float16)
         threads = torch.get_num_threads()
         if w.kind == "q4":
-            fn = self._lib.q4x8_linear if w.order == "x8" else self._lib.q4_linear
+            fn = {"x8": self._lib.q4x8_linear, "panel": self._lib.q4p_linear}.get(w.order, self._lib.q4_linear)
             fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, x.data_ptr(),
                                 x.stride(0), y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
         else:
@@ -537,6 +677,11 @@ class QuantKernels:
         """As `linear`, register-blocked over a dequantized panel: for many activation rows."""
         x, y = self._operands(x, w, out)
         m, k = x.shape
+        if w.order == "panel":
+            self._lib.q4p_gemm(w.codes.data_ptr(), w.scales.data_ptr(), w.mins.data_ptr(),
+                               int(w.scales.dtype == torch.float16), w.group, x.data_ptr(), x.stride(0), y.data_ptr(),
+                               y.stride(0), m, w.out_features, k, torch.get_num_threads())
+            return y
         kind = 2 if w.kind == "q8" else int(w.order == "x8")
         self._lib.quant_gemm(kind, w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins),
                              int(w.scales.dtype == torch.float16), w.group, x.data_ptr(), x.stride(0), y.data_ptr(),
@@ -558,7 +703,10 @@ def _self_check(kernels: QuantKernels) -> None:
     w = torch.randn(37, 128, generator=gen)
     x = torch.randn(6, 128, generator=gen)
     q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
-    for qw in (*q4, *(q.with_order("x8") for q in q4), quantize_int8(w, 16), quantize_int8(w, 32)):
+    lanes = kernels.panel_lanes  # an odd number of panels: pairs and a single one
+    panel = [quantize_int4(w[:3 * lanes] if 3 * lanes <= len(w) else torch.randn(3 * lanes, 128, generator=gen), g)
+             .with_order("panel", lanes) for g in (32, 64)]
+    for qw in (*q4, *(q.with_order("x8") for q in q4), *panel, quantize_int8(w, 16), quantize_int8(w, 32)):
         dense = qw.dequantize()
         if not torch.equal(kernels.gemm(torch.eye(qw.in_features), qw), dense.T):  # x = I: y = W^T, exactly
             raise RuntimeError(f"{qw.source} dequantization disagrees with torch")

@@ -1,11 +1,11 @@
 """A linear layer over a weight-only quantized weight: the C decode kernel for a few tokens, the C GEMM
 for more.
 
-At decode batch sizes the weights' bytes bound the step and the decode kernel reads each code once per 4
-activation rows. From about a dozen rows it is compute-bound and converts each code again for every 4
-rows; the GEMM kernel converts each code once per call (~78% of the FMA peak at 64 rows, ~95% at 256 on a
-Zen 3, docs/PERFORMANCE.md). Without the C kernels the weight is dequantized in torch, in row chunks
-(correct, slower).
+At decode batch sizes the weights' bytes bound the step and the decode kernel reads each code once per 3
+activation rows. From 8 rows it is compute-bound and converts each code again for every 3 rows; the GEMM
+kernel converts each code once per call (docs/PERFORMANCE.md). q4 weights whose output rows fill whole
+panels are held in the kernels' "panel" byte order (formats.py), the others in "x8" or the file's order.
+Without the C kernels the weight is dequantized in torch, in row chunks (correct, slower).
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ from torch import nn
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import quant_kernels
 
-#: Activation rows from which the GEMM kernel beats the decode kernel (docs/PERFORMANCE.md: 12 on Zen 3,
-#: the two equal there; the decode kernel's cost grows with every 4 rows, the GEMM's dequantization is fixed).
-GEMM_MIN_TOKENS = 12
+#: Activation rows from which the GEMM kernel beats the decode kernel (docs/PERFORMANCE.md: 8 on Zen 3 for
+#: the panel order, the two equal there; the decode kernel's cost grows with every 3 rows, the GEMM's
+#: dequantization is fixed).
+GEMM_MIN_TOKENS = 8
 #: The torch fallback dequantizes at most this many float32 bytes at a time (the LM head alone is 113 MB).
 CHUNK_BYTES = 16 << 20
 
@@ -31,8 +32,12 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.kernels = quant_kernels()
-        if self.kernels is not None and weight.kind == "q4" and weight.in_features % 64 == 0:
-            weight = weight.with_order("x8")  # the kernel's faster byte order (formats.py); same bytes
+        if self.kernels is not None and weight.kind == "q4":  # the kernels' faster byte orders; same bytes
+            lanes = self.kernels.panel_lanes
+            if weight.out_features % lanes == 0:
+                weight = weight.with_order("panel", lanes)
+            elif weight.in_features % 64 == 0:
+                weight = weight.with_order("x8")
         self.qweight = weight.contiguous()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
