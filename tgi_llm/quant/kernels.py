@@ -158,18 +158,25 @@ static inline __attribute__((always_inline)) void q8_row(
 #define ROWS_PER_CHUNK 16
 #define MAX_GROUPS 4096 /* K / 32 at most: K <= 131072, checked in Python */
 
-/* x: [M, K] (row stride ldx), y: [M, N] (row stride ldy); codes [N, K/2] (q4) or [N, K] (q8);
-   scales/mins [N, K/g], float16 when f16 else float32. Threads split the output rows. */
-void q4_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
-               const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
-    const int64_t G = K / g, bpg = g / 32;
-    float* xs = malloc(sizeof(float) * (M * G + 1)); /* group sums of x, for the mins */
+/* [M][K / g]: the sums of each activation row over each group of g columns (the mins' factor), malloc'd */
+static float* group_sums(const float* x, const int64_t ldx, const int64_t M, const int64_t K, const int64_t g) {
+    const int64_t G = K / g;
+    float* xs = malloc(sizeof(float) * (M * G + 1));
     for (int64_t m = 0; m < M; m++)
         for (int64_t gi = 0; gi < G; gi++) {
             float s = 0.f;
             for (int64_t k = gi * g; k < (gi + 1) * g; k++) s += x[m * ldx + k];
             xs[m * G + gi] = s;
         }
+    return xs;
+}
+
+/* x: [M, K] (row stride ldx), y: [M, N] (row stride ldy); codes [N, K/2] (q4) or [N, K] (q8);
+   scales/mins [N, K/g], float16 when f16 else float32. Threads split the output rows. */
+void q4_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+               const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g, bpg = g / 32;
+    float* xs = group_sums(x, ldx, M, K, g); /* for the mins */
     const int64_t chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     const size_t ss = f16 ? 2 : 4;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -303,13 +310,7 @@ static inline __attribute__((always_inline)) void q4x8_row(
 void q4x8_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
                  const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t G = K / g, B = K / 32;
-    float* xsb = malloc(sizeof(float) * (M * B + 1)); /* sums of x per 32-weight block, for the mins */
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t b = 0; b < B; b++) {
-            float s = 0.f;
-            for (int64_t k = 32 * b; k < 32 * b + 32; k++) s += x[m * ldx + k];
-            xsb[m * B + b] = s;
-        }
+    float* xsb = group_sums(x, ldx, M, K, 32); /* per 32-weight block, for the mins */
     const int64_t chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     const size_t ss = f16 ? 2 : 4;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
@@ -564,13 +565,7 @@ static inline __attribute__((always_inline)) void q4p_rows(
 void q4p_linear(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
                 const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t G = K / g, panels = N / VL;
-    float* xs = malloc(sizeof(float) * (M * G + 1)); /* group sums of x, for the mins */
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t gi = 0; gi < G; gi++) {
-            float s = 0.f;
-            for (int64_t k = gi * g; k < (gi + 1) * g; k++) s += x[m * ldx + k];
-            xs[m * G + gi] = s;
-        }
+    float* xs = group_sums(x, ldx, M, K, g); /* for the mins */
     const size_t ss = f16 ? 2 : 4;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of panels (the last may be single) */
@@ -580,8 +575,8 @@ void q4p_linear(const uint8_t* codes, const void* scales, const void* mins, int 
         for (int64_t m0 = 0; m0 < M; m0 += PT) {
             const float *xm = x + m0 * ldx, *xsm = xs + m0 * G;
             float* ym = y + m0 * ldy + p * VL;
-#define R(r) case r: if (panels - p >= 2) q4p_rows(q, sc, mn, f16, g, G, K, 2, xm, ldx, xsm, r, ym, ldy); \
-                     else q4p_rows(q, sc, mn, f16, g, G, K, 1, xm, ldx, xsm, r, ym, ldy); break
+#define R(r) case r: { if (panels - p >= 2) q4p_rows(q, sc, mn, f16, g, G, K, 2, xm, ldx, xsm, r, ym, ldy); \
+                       else q4p_rows(q, sc, mn, f16, g, G, K, 1, xm, ldx, xsm, r, ym, ldy); } break
             switch (M - m0 < PT ? M - m0 : PT) { R(3); R(2); default: R(1); }
 #undef R
         }
@@ -710,9 +705,8 @@ def _self_check(kernels: QuantKernels) -> None:
     w = torch.randn(37, 128, generator=gen)
     x = torch.randn(6, 128, generator=gen)
     q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
-    lanes = kernels.panel_lanes  # an odd number of panels: pairs and a single one
-    panel = [quantize_int4(w[:3 * lanes] if 3 * lanes <= len(w) else torch.randn(3 * lanes, 128, generator=gen), g)
-             .with_order("panel", lanes) for g in (32, 64)]
+    wp = torch.randn(3 * kernels.panel_lanes, 128, generator=gen)  # an odd number of panels: pairs and a single one
+    panel = [quantize_int4(wp, g).with_order("panel", kernels.panel_lanes) for g in (32, 64)]
     for qw in (*q4, *(q.with_order("x8") for q in q4), *panel, quantize_int8(w, 16), quantize_int8(w, 32)):
         dense = qw.dequantize()
         if not torch.equal(kernels.gemm(torch.eye(qw.in_features), qw), dense.T):  # x = I: y = W^T, exactly
