@@ -183,6 +183,17 @@ def test_the_same_gguf_reinstalled_reuses_its_conversion(mini_gguf, tmp_path, mo
     assert resolve_mod.gguf_cache_dir(elsewhere, tmp_path) == first  # a broken index: hashed again, same place
 
 
+def test_an_unwritable_index_costs_a_hash_and_leaves_no_temp_file(mini_gguf, tmp_path, monkeypatch):
+    def full_disk(*_args, **_kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(resolve_mod.os, "replace", full_disk)
+    first = resolve_mod.gguf_cache_dir(mini_gguf, tmp_path)
+    assert list((tmp_path / "gguf").iterdir()) == []
+    monkeypatch.undo()
+    assert resolve_mod.gguf_cache_dir(mini_gguf, tmp_path) == first
+
+
 def test_failed_conversion_leaves_nothing_behind(mini_gguf, tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("disk full")

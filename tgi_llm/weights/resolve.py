@@ -77,6 +77,7 @@ def _content_digest(path: Path, index_dir: Path) -> str:
         while chunk := f.read(8 << 20):
             sha.update(chunk)
     digest = index[key] = sha.hexdigest()
+    tmp = None
     try:  # a lost entry only costs another hash: write atomically, never fail the start over it
         index_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=index_dir, delete=False, encoding="utf-8") as tmp:
@@ -84,6 +85,8 @@ def _content_digest(path: Path, index_dir: Path) -> str:
         os.replace(tmp.name, index_file)
     except OSError as exc:
         logger.debug("could not record the GGUF digest in %s: %s", index_file, exc)
+        if tmp is not None:
+            Path(tmp.name).unlink(missing_ok=True)  # a half-written index must not stay behind
     return digest
 
 
