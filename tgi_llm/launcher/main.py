@@ -125,7 +125,7 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
     if not supervisor.start():
         code = supervisor.end_failed_start()
         if supervisor.stopping:
-            return code
+            return _stopped(code)
         server = supervisor.server
         if server.model_unloaded.is_set():
             return _error("ShardFailed", f"model `{MODEL_NAME}` unloaded itself: its engine or a shard failed")
@@ -138,7 +138,7 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
         requested = stopping()
         code = supervisor.end_failed_start()
         if requested:
-            return code
+            return _stopped(code)
         return _error("WebserverFailed", f"the gateway did not start on ports {args.http_port}, {args.grpc_port} "
                       f"and {args.metrics_port}")
     if args.port:
@@ -150,7 +150,7 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
             requested = stopping()
             code = supervisor.end_failed_start()
             if requested:
-                return code
+                return _stopped(code)
             return _error("WebserverFailed", f"the HTTP API did not start on port {args.port}")
         logger.info("Ready: TGI/OpenAI API http://%s:%d", host, args.port)
     logger.info("Ready: HTTP http://%s:%d/v2/models/%s/generate (and generate_stream), gRPC %s:%d, "
@@ -160,6 +160,11 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
         code = supervisor.run(children)
     except Failed as exc:
         return _error("ShardFailed", str(exc))
+    return _stopped(code)
+
+
+def _stopped(code: int) -> int:
+    """A requested stop ended tritonserver: said the same way whether it came before or after "Ready"."""
     logger.info("tritonserver stopped (status %d)", code)
     return code
 
