@@ -362,6 +362,8 @@ class CpuAttentionKernels:
         self._decode = lib.paged_decode_f32
         self._decode.argtypes = [ptr] * 7 + [i64] * 7 + [f32, i32]
         self._decode.restype = None
+        #: `paged_decode_f32`'s address, for C callers (the fused decode stack)
+        self.decode_address = ctypes.cast(self._decode, ctypes.c_void_p).value
         self._prefill = lib.paged_prefill_f32
         self._prefill.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64] + [ptr] * 6 + [i64] * 5 + [f32, i32]
         self._prefill.restype = ctypes.c_int

@@ -20,6 +20,7 @@ from torch import nn
 from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.models.config import ModelConfig
+from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
@@ -163,6 +164,7 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.attention_backend = attention_backend
         self.lm_head_packed: torch.Tensor | None = None  # see pack_for_cpu
+        self._fused: tuple[list, FusedDecode | None] | None = None  # (the caches it was made for, it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -206,9 +208,24 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.dtype)
         table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
         hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
+        if attn.is_pure_decode and input_ids.shape[0] == attn.num_seqs:
+            fused = self._fused_decode(kv_caches)
+            if fused is not None:
+                return fused.run(hidden, cos, sin, attn, lambda: self._layers(hidden, cos, sin, kv_caches, attn))
+        return self._layers(hidden, cos, sin, kv_caches, attn)
+
+    def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], attn: AttentionMetadata) -> torch.Tensor:
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden = layer(hidden, cos, sin, kv_cache, attn, self.attention_backend)
         return self.norm(hidden)
+
+    def _fused_decode(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> FusedDecode | None:
+        """The C layer stack for decode steps (fused_decode.py), made for these caches on first use."""
+        if self._fused is None or self._fused[0] is not kv_caches:
+            self._fused = (kv_caches, FusedDecode.build(self, kv_caches))
+        fused = self._fused[1]
+        return fused if fused is not None and fused.agrees is not False else None
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

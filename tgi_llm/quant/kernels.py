@@ -629,11 +629,62 @@ void q4p_gemm(const uint8_t* codes, const void* scales, const void* mins, int f1
         }
     }
 }
+
+/* ---- one entry for any weight: the decode kernel below gemm_min rows, the GEMM from there, then the bias.
+   QuantLinear and the fused decode stack (tgi_llm/models/fused_decode.py) both call it. */
+typedef struct {
+    int32_t kind; /* QW_* */
+    int32_t f16; /* scales and mins are float16 (else float32) */
+    int64_t group, N, K;
+    const void *codes, *scales, *mins; /* mins: q4 only */
+    const float* bias; /* [N] or NULL */
+} qweight_t;
+enum { QW_Q4_GGUF = 0, QW_Q4_X8 = 1, QW_Q8 = 2, QW_Q4_PANEL = 3 };
+
+void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                 int64_t gemm_min, int nthreads) {
+    const int64_t N = w->N, K = w->K;
+    if (M < gemm_min) {
+        switch (w->kind) {
+#define Q4(fn) fn(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads)
+        case QW_Q4_GGUF: Q4(q4_linear); break;
+        case QW_Q4_X8: Q4(q4x8_linear); break;
+        case QW_Q4_PANEL: Q4(q4p_linear); break;
+        default: q8_linear(w->codes, w->scales, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
+        }
+    } else if (w->kind == QW_Q4_PANEL) {
+        Q4(q4p_gemm);
+#undef Q4
+    } else {
+        quant_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
+    }
+    if (w->bias)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) y[m * ldy + n] += w->bias[n];
+}
 """
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
+
+
+class WeightDesc(ctypes.Structure):
+    """`qweight_t` of the C source: where a QuantizedWeight's bytes are, for `quant_apply`. It holds raw
+    pointers: keep the tensors it was made from alive and in place while it is used."""
+
+    _fields_ = [("kind", ctypes.c_int32), ("f16", ctypes.c_int32), ("group", ctypes.c_int64),
+                ("N", ctypes.c_int64), ("K", ctypes.c_int64), ("codes", ctypes.c_void_p),
+                ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+    @classmethod
+    def of(cls, w: QuantizedWeight, bias: torch.Tensor | None = None) -> WeightDesc:
+        if bias is not None:
+            assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (w.out_features,)
+        assert w.codes.is_contiguous() and w.scales.is_contiguous()
+        kind = 2 if w.kind == "q8" else {"gguf": 0, "x8": 1, "panel": 3}[w.order]
+        return cls(kind, int(w.scales.dtype == torch.float16), w.group, w.out_features, w.in_features,
+                   w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), _ptr(bias))
 
 
 class QuantKernels:
@@ -648,6 +699,10 @@ class QuantKernels:
         for fn in (lib.quant_gemm, lib.q4_linear, lib.q8_linear, lib.q4x8_linear, lib.q4p_linear, lib.q4p_gemm):
             fn.restype = None
         lib.panel_lanes.restype = ctypes.c_int
+        lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, i32]
+        lib.quant_apply.restype = None
+        #: `quant_apply`'s address, for C callers (the fused decode stack)
+        self.apply_address = ctypes.cast(lib.quant_apply, ctypes.c_void_p).value
         self._lib = lib
         #: Output rows per panel of the "panel" q4 byte order (formats.py): the CPU's float lanes.
         self.panel_lanes = int(lib.panel_lanes())
@@ -673,6 +728,18 @@ class QuantKernels:
         else:
             self._lib.q8_linear(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, x.data_ptr(), x.stride(0),
                                 y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
+        return y
+
+    def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int) -> torch.Tensor:
+        """x [M, K] float32 (rows may be strided) -> x W^T + b [M, N]: `linear` below `gemm_min` rows, else
+        `gemm`; one call whatever the weight's layout."""
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        m = x.shape[0]
+        assert x.shape[1] == desc.K and x.dtype == torch.float32
+        y = torch.empty(m, desc.N, dtype=torch.float32)
+        self._lib.quant_apply(ctypes.byref(desc), x.data_ptr(), x.stride(0), y.data_ptr(), desc.N, m, gemm_min,
+                              torch.get_num_threads())
         return y
 
     def gemm(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import quant_kernels
+from tgi_llm.quant.kernels import WeightDesc, quant_kernels
 
 #: Activation rows from which the GEMM kernel beats the decode kernel (docs/PERFORMANCE.md: 8 on Zen 3 for
 #: the panel order, the two equal there; the decode kernel's cost grows with every 3 rows, the GEMM's
@@ -40,6 +40,7 @@ class QuantLinear(nn.Module):
                 weight = weight.with_order("x8")
         self.qweight = weight.contiguous()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self._desc: WeightDesc | None = None  # made on first use: after Module.to() has placed the bias
 
     @property
     def nbytes(self) -> int:
@@ -54,17 +55,21 @@ class QuantLinear(nn.Module):
         y = self._linear(x.reshape(-1, x.shape[-1]).float())
         return y.to(x.dtype).view(*x.shape[:-1], -1)
 
+    def desc(self) -> WeightDesc:
+        """Where the C kernels find this layer's weight and bias (for `quant_apply`)."""
+        if self._desc is None:
+            self._desc = WeightDesc.of(self.qweight, None if self.bias is None else self.bias.detach())
+        return self._desc
+
     def _linear(self, x2: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None:
-            fn = self.kernels.linear if x2.shape[0] < GEMM_MIN_TOKENS else self.kernels.gemm
-            y = fn(x2, self.qweight)
-        else:
-            n, k = self.qweight.shape
-            y = torch.empty(x2.shape[0], n, dtype=torch.float32)
-            step = max(1, CHUNK_BYTES // (4 * k))
-            for start in range(0, n, step):
-                stop = min(start + step, n)
-                y[:, start:stop] = F.linear(x2, self.qweight.dequantize(slice(start, stop)))
+            return self.kernels.apply(x2, self.desc(), GEMM_MIN_TOKENS)
+        n, k = self.qweight.shape
+        y = torch.empty(x2.shape[0], n, dtype=torch.float32)
+        step = max(1, CHUNK_BYTES // (4 * k))
+        for start in range(0, n, step):
+            stop = min(start + step, n)
+            y[:, start:stop] = F.linear(x2, self.qweight.dequantize(slice(start, stop)))
         if self.bias is not None:
             y += self.bias
         return y

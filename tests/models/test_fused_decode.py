@@ -1,0 +1,96 @@
+"""The fused decode stack (one C call for every layer of a decode step) against the torch layers."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+import torch
+
+from tgi_llm.models.fused_decode import FusedDecode
+from tgi_llm.models.llama import load_model
+from tgi_llm.quant.kernels import quant_kernels
+from tgi_llm.quant.linear import GEMM_MIN_TOKENS
+from tgi_llm.quant.modes import Quantization
+
+pytestmark = pytest.mark.skipif(quant_kernels() is None, reason="no C compiler: the fused stack needs the kernels")
+
+
+def _forward(model, kv, step):
+    ids, positions, attn = step
+    return model(ids, positions, kv, attn)
+
+
+def _caches(model, num_blocks=96, block_size=4):
+    first = model.layers[0]
+    shape = (num_blocks, block_size, first.num_kv_heads, first.head_dim)
+    return [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
+
+
+def _steps(rng: random.Random, rows: int):
+    """Prompts of different lengths, decode steps of 1 and of `rows` sequences, a step that mixes a new
+    prompt with decodes (the torch layers then read K/V the fused stack wrote), and decodes again."""
+    prompts = [(i, [rng.randrange(3, 250) for _ in range(3 + 4 * i)]) for i in range(rows)]
+    yield prompts
+    for _ in range(2):
+        yield [(0, [rng.randrange(3, 250)])]
+        yield [(i, [rng.randrange(3, 250)]) for i in range(rows)]
+    yield [(rows, [rng.randrange(3, 250) for _ in range(6)])] + [(i, [rng.randrange(3, 250)]) for i in range(rows)]
+    for _ in range(2):
+        yield [(i, [rng.randrange(3, 250)]) for i in range(rows + 1)]
+
+
+@pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4")])
+@pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1])  # the decode kernel's rows, and the GEMM's
+def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, monkeypatch, model_type, mode, rows):
+    model_dir = tiny_model_factory(model_type)  # qwen2: q/k/v biases, which quant_apply adds
+    fused, _ = load_model(model_dir, quantization=Quantization(mode))
+    reference, _ = load_model(model_dir, quantization=Quantization(mode))
+    fused_kv, reference_kv = _caches(fused), _caches(reference)
+    batcher = paged_batcher(block_size=4, num_blocks=96)
+    decode_steps = 0
+    for chunks in _steps(random.Random(rows), rows):
+        ids, positions, attn = batcher.step(chunks)
+        got = fused(ids, positions, fused_kv, attn)
+        monkeypatch.setenv("TGI_LLM_FUSED_DECODE", "0")
+        want = reference(ids, positions, reference_kv, attn)
+        monkeypatch.delenv("TGI_LLM_FUSED_DECODE")
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        decode_steps += attn.is_pure_decode
+    stack = fused._fused[1]
+    assert isinstance(stack, FusedDecode) and stack.agrees is True  # it ran (and its first step was checked)
+    assert reference._fused[1] is None
+    for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):  # the K/V it wrote, in the same slots
+        torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-5)
+    assert decode_steps == 6
+
+
+def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batcher, monkeypatch, caplog):
+    model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
+    kv = _caches(model)
+    batcher = paged_batcher(block_size=4, num_blocks=96)
+    _forward(model, kv, batcher.step([(0, [5, 6, 7])]))
+    calls = []
+
+    def wrong(self, hidden, cos, sin, attn):
+        calls.append(hidden.shape[0])
+        return torch.zeros_like(hidden)
+
+    monkeypatch.setattr(FusedDecode, "_run", wrong)
+    with caplog.at_level(logging.WARNING, logger="tgi_llm.models.fused_decode"):
+        first = _forward(model, kv, batcher.step([(0, [8])]))
+    assert calls == [1] and first.abs().sum() > 0  # checked, and the torch result served
+    assert any("disagrees" in m for m in caplog.messages)
+    _forward(model, kv, batcher.step([(0, [9])]))
+    assert calls == [1]  # not asked again
+
+
+def test_float_weights_keep_the_torch_layers(tiny_model_factory, paged_batcher):
+    model, _ = load_model(tiny_model_factory("llama"))
+    kv = _caches(model)
+    batcher = paged_batcher(block_size=4, num_blocks=96)
+    _forward(model, kv, batcher.step([(0, [5, 6, 7])]))
+    _forward(model, kv, batcher.step([(0, [8])]))
+    assert model._fused == (kv, None)

@@ -1,0 +1,282 @@
+"""A decode step's whole layer stack in one C call, for quantized Llama-family models on the CPU.
+
+At a few rows the decoder layer's work is small next to what it costs to reach it from Python: each layer
+runs ~25 torch ops and 4 ctypes calls, and at one token that dispatch was ~60% of the step (py-spy on
+SmolLM2-135M, Zen 3), with the second core idle meanwhile. Here the norms, rope, the K/V write, the
+SiLU gate and the residual adds are small C loops, and the linears and attention are the same compiled
+kernels the torch path calls (`quant_apply` of quant/kernels.py, `paged_decode_f32` of
+attention/cpu_kernels.py), reached through their addresses. Same weights, same kernels, same arithmetic
+order in the matmuls; the norms, rope and SiLU differ from torch's only in rounding.
+
+Only pure-decode steps of a single-shard float32 CPU model whose linears are all quantized take it; a
+step with prompt tokens runs the torch layers. The first fused step is checked against the torch layers on
+the live model (the torch result is kept, and a mismatch turns the fused path off with a warning).
+TGI_LLM_FUSED_DECODE=0 switches it off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.native_build import BASE_FLAGS, build_library
+from tgi_llm.native_vectors import VECTORS_C
+from tgi_llm.quant.kernels import quant_kernels
+from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = VECTORS_C + r"""
+#include <math.h>
+#include <stdlib.h>
+
+typedef struct {
+    const void *qkv, *o, *gate_up, *down; /* qweight_t of quant/kernels.py */
+    const float *input_norm, *post_norm;
+    float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
+} layer_t;
+
+typedef void (*apply_fn)(const void* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                         int64_t gemm_min, int nthreads);
+typedef void (*attention_fn)(const float* q, const float* kc, const float* vc, const int32_t* tables,
+                             const int32_t* seq_lens, float* out, float* scores, int64_t B, int64_t Hq,
+                             int64_t Hkv, int64_t D, int64_t BS, int64_t W, int64_t stride, float scale,
+                             int nthreads);
+
+/* as RMSNorm.forward: x * rsqrt(mean(x^2) + eps), then times the weight */
+static void rmsnorm(const float* restrict x, const float* restrict w, float* restrict out, int64_t M, int64_t H,
+                    float eps) {
+    for (int64_t m = 0; m < M; m++) {
+        const float* xm = x + m * H;
+        V acc = vzero();
+        int64_t i = 0;
+        for (; i + VL <= H; i += VL) acc = vfma(vld(xm + i), vld(xm + i), acc);
+        float ss = vsum(acc);
+        for (; i < H; i++) ss += xm[i] * xm[i];
+        const float r = 1.0f / sqrtf(ss / (float)H + eps);
+        for (i = 0; i < H; i++) out[m * H + i] = w[i] * (xm[i] * r);
+    }
+}
+
+/* x * cos + rotate_half(x) * sin, sin carrying rotate_half's sign (models/rope.py: rotary_tables) */
+static void rope_row(const float* restrict x, const float* restrict c, const float* restrict s, float* restrict out,
+                     int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t d = 0; d < D; d++) {
+        const float rot = d < half ? x[d + half] : x[d - half];
+        const float a = x[d] * c[d], b = rot * s[d];
+        out[d] = a + b;
+    }
+}
+
+/* y[:I] = silu(gate) * up for rows of gu = [gate | up] (2I wide) */
+static void silu_mul(const float* restrict gu, float* restrict y, int64_t M, int64_t I, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * I >= 32768)
+    for (int64_t m = 0; m < M; m++) {
+        const float *g = gu + m * 2 * I, *u = g + I;
+        float* ym = y + m * I;
+        int64_t i = 0;
+        for (; i + VL <= I; i += VL) {
+            const V x = vld(g + i);
+            const VI neg = x < vzero();
+            const V e = vexp(vblend(neg, x, vzero() - x)); /* exp(-|x|) */
+            const V one = vset1(1.0f);
+            const V sig = vblend(neg, e / (one + e), one / (one + e));
+            vst(ym + i, vmul(vmul(x, sig), vld(u + i)));
+        }
+        for (; i < I; i++) ym[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+static void add_rows(float* restrict h, const float* restrict d, int64_t n) {
+    for (int64_t i = 0; i < n; i++) h[i] += d[i];
+}
+
+/* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
+   cos/sin [M, D]; slots [M] int64; tables [M, W] int32; seq_lens [M] int32 (after this token).
+   Returns 0, or -1 if scratch memory could not be had. */
+int decode_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn attention, float* hidden,
+                 float* out, const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
+                 int64_t I, const float* cos, const float* sin, const int64_t* slots, const int32_t* tables,
+                 int64_t W, const int32_t* seq_lens, int64_t BS, int64_t stride, float scale, float eps,
+                 int64_t gemm_min, int nthreads) {
+    const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D;
+    const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I + Hq * stride);
+    float* scratch = malloc(floats * sizeof(float));
+    if (!scratch) return -1;
+    float *normed = scratch, *qkv = normed + M * H, *q = qkv + M * QKV, *att = q + M * Hq * D,
+          *proj = att + M * Hq * D, *gu = proj + M * H, *act = gu + M * 2 * I, *scores = act + M * I;
+    for (int64_t l = 0; l < L; l++) {
+        const layer_t* ly = layers + l;
+        rmsnorm(hidden, ly->input_norm, normed, M, H, eps);
+        apply(ly->qkv, normed, H, qkv, QKV, M, gemm_min, nthreads);
+        for (int64_t m = 0; m < M; m++) {
+            const float *row = qkv + m * QKV, *c = cos + m * D, *s = sin + m * D;
+            float* kdst = ly->k_cache + slots[m] * tok;
+            for (int64_t h = 0; h < Hq; h++) rope_row(row + h * D, c, s, q + (m * Hq + h) * D, D);
+            for (int64_t h = 0; h < Hkv; h++) rope_row(row + (Hq + h) * D, c, s, kdst + h * D, D);
+            memcpy(ly->v_cache + slots[m] * tok, row + (Hq + Hkv) * D, tok * sizeof(float));
+        }
+        attention(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, M, Hq, Hkv, D, BS, W, stride, scale,
+                  nthreads);
+        apply(ly->o, att, Hq * D, proj, H, M, gemm_min, nthreads);
+        add_rows(hidden, proj, M * H);
+        rmsnorm(hidden, ly->post_norm, normed, M, H, eps);
+        apply(ly->gate_up, normed, H, gu, 2 * I, M, gemm_min, nthreads);
+        silu_mul(gu, act, M, I, nthreads);
+        apply(ly->down, act, I, proj, H, M, gemm_min, nthreads);
+        add_rows(hidden, proj, M * H);
+    }
+    rmsnorm(hidden, final_norm, out, M, H, eps);
+    free(scratch);
+    return 0;
+}
+"""
+
+#: No contraction of a*b + c*d into an FMA: rope and the norms round like torch's separate ops.
+_FLAGS = (*BASE_FLAGS, "-ffp-contract=off")
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def load_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    lib.decode_stack.argtypes = ([p, i64, p, p, p, p, p] + [i64] * 6 + [p] * 4 + [i64, p] + [i64] * 2
+                                 + [ctypes.c_float] * 2 + [i64, ctypes.c_int])
+    lib.decode_stack.restype = ctypes.c_int
+    return lib
+
+
+def _library() -> ctypes.CDLL | None:
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if not _tried:
+            try:
+                _lib = load_library(build_library("fused_decode", _SOURCE, flags=_FLAGS))
+            except Exception as exc:  # an optional fast path: the torch layers serve without it
+                logger.warning("fused decode: unavailable, decode steps run the torch layers: %s", exc)
+            _tried = True
+    return _lib
+
+
+def _why_not(model, kv_caches) -> str | None:
+    """Why this model can't run the fused stack (None: it can)."""
+    from tgi_llm.attention.torch_paged import TorchPagedAttention
+
+    if os.environ.get("TGI_LLM_FUSED_DECODE", "1") == "0":
+        return "switched off by TGI_LLM_FUSED_DECODE=0"
+    if model.device.type != "cpu" or model.dtype != torch.float32 or model.shard.world_size != 1:
+        return "needs one float32 CPU shard"
+    if not isinstance(model.attention_backend, TorchPagedAttention) or cpu_attention_kernels() is None:
+        return "needs the CPU attention kernels"
+    if quant_kernels() is None:
+        return "needs the quantized-linear C kernels"
+    for layer in model.layers:
+        if not all(isinstance(m, QuantLinear) for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)):
+            return "needs every linear quantized"
+    first = model.layers[0]
+    dim, heads = first.head_dim, first.num_heads
+    k = kv_caches[0][0]
+    if dim % 16 or dim > 256 or heads > 256 or k.dtype != torch.float32:
+        return f"head size {dim} / {heads} heads / KV {k.dtype} not supported by the attention kernel"
+    if not all(c.is_contiguous() and c.shape == k.shape for pair in kv_caches for c in pair):
+        return "needs contiguous K/V caches"
+    return None
+
+
+class FusedDecode:
+    """The C layer stack for one model and one set of K/V caches (it holds pointers into both)."""
+
+    def __init__(self, lib: ctypes.CDLL, model, kv_caches) -> None:
+        self._lib = lib
+        self.kv_caches = kv_caches
+        first = model.layers[0]
+        self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
+        self.scale, self.eps = first.scale, first.input_norm.eps
+        self.hidden_size = model.config.hidden_size
+        self.intermediate = first.gate_up.qweight.out_features // 2
+        self.final_norm = model.norm.weight.detach()
+        self._layers = (_Layer * len(model.layers))(*(
+            _Layer(ctypes.addressof(layer.qkv.desc()), ctypes.addressof(layer.o_proj.desc()),
+                   ctypes.addressof(layer.gate_up.desc()), ctypes.addressof(layer.down.desc()),
+                   layer.input_norm.weight.data_ptr(), layer.post_attention_norm.weight.data_ptr(),
+                   k.data_ptr(), v.data_ptr())
+            for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
+        self._keep = [m for layer in model.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+        self._apply = quant_kernels().apply_address
+        self._attention = cpu_attention_kernels().decode_address
+        self.block_size = kv_caches[0][0].shape[1]
+        #: None until the first step was compared with the torch layers; then whether they agreed.
+        self.agrees: bool | None = None
+
+    @classmethod
+    def build(cls, model, kv_caches) -> FusedDecode | None:
+        reason = _why_not(model, kv_caches)
+        lib = _library() if reason is None else None
+        if lib is None:
+            logger.info("fused decode: off (%s)", reason or "no library")
+            return None
+        logger.info("fused decode: on (decode steps run the layer stack in one C call)")
+        return cls(lib, model, kv_caches)
+
+    def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata,
+            reference: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """Final-norm hidden states [M, H] of M decode tokens (`hidden`: their embeddings, overwritten);
+        `reference()` computes the same through the torch layers, used on the first call to check."""
+        if self.agrees is None:
+            return self._check(hidden, cos, sin, attn, reference)
+        return self._run(hidden, cos, sin, attn)
+
+    def _run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
+             ) -> torch.Tensor:
+        hidden = hidden.contiguous()
+        m = hidden.shape[0]
+        out = torch.empty_like(hidden)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        tables = attn.block_tables.to(torch.int32).contiguous()
+        lens = attn.seq_lens.to(torch.int32).contiguous()
+        slots = attn.slot_mapping.to(torch.int64).contiguous()
+        stride = -(-attn.max_seq_len // 16) * 16
+        failed = self._lib.decode_stack(
+            self._layers, len(self._layers), self._apply, self._attention, hidden.data_ptr(), out.data_ptr(),
+            self.final_norm.data_ptr(), m, self.hidden_size, self.heads, self.kv_heads, self.head_dim,
+            self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+            tables.shape[1], lens.data_ptr(), self.block_size, stride, self.scale, self.eps, GEMM_MIN_TOKENS,
+            torch.get_num_threads())
+        if failed:
+            raise MemoryError("fused decode: no memory for its scratch buffers")
+        return out
+
+    def _check(self, hidden, cos, sin, attn, reference) -> torch.Tensor:
+        # The torch layers run second: the K/V they write (the same slots) are the ones kept.
+        got = self._run(hidden.clone(), cos, sin, attn)
+        want = reference()
+        scale = max(1.0, want.abs().max().item())
+        self.agrees = bool(torch.allclose(got, want, rtol=1e-3, atol=1e-3 * scale))
+        if self.agrees:
+            logger.info("fused decode: agrees with the torch layers (max difference %.2e)",
+                        (got - want).abs().max().item())
+        else:
+            logger.warning("fused decode: off, it disagrees with the torch layers (max difference %.2e)",
+                           (got - want).abs().max().item())
+        return want
