@@ -14,7 +14,9 @@ DEFAULT_MAX_TOTAL_TOKENS = 4096
 #: With chunking on a CPU: the most prompt tokens one step takes, and the step time it aims for while
 #: streams decode (the longest a running stream then waits for its next token; pacing.py).
 CPU_STEP_TOKENS = 512
-CPU_STEP_TARGET_MS = 400
+#: 300, not 400, since decode steps got 2x shorter (docs/PERFORMANCE.md, 2026-11-24): at c=32 a 400 ms
+#: prompt-carrying step had become 3.7x the median token wait.
+CPU_STEP_TARGET_MS = 300
 
 
 def default_step_tokens(device_type: str) -> int | None:
@@ -47,7 +49,7 @@ class LimitOptions:
     #: Split prompts across steps within the step budget (TGI v3's chunking; env PREFILL_CHUNKING).
     prefill_chunking: bool = True
     #: With chunking, while streams decode, a step takes only the prompt tokens that fit this time
-    #: (pacing.py); None: the device's default (CPU 400 ms), 0: never paced.
+    #: (pacing.py); None: the device's default (CPU 300 ms), 0: never paced.
     prefill_step_target_ms: int | None = None
 
 

@@ -76,7 +76,7 @@ FLAGS: list[Flag] = [
          help="Reuse the KV cache of prompt prefixes seen before (TGI v3); --no-prefix-caching turns it off"),
     Flag("prefill_step_target_ms", int, None,
          help="With chunking, while streams decode, a step takes only the prompt tokens that fit this many ms "
-              "(measured cost per token), so no stream waits longer for its next token (default: 400 on the "
+              "(measured cost per token), so no stream waits longer for its next token (default: 300 on the "
               "CPU, off on GPUs; 0 turns it off)"),
     Flag("prefill_chunking", switch=True, default=True, negatable=True,
          help="Split long prompts across steps within --max-batch-prefill-tokens, so running streams never "
