@@ -94,3 +94,15 @@ def test_float_weights_keep_the_torch_layers(tiny_model_factory, paged_batcher):
     _forward(model, kv, batcher.step([(0, [5, 6, 7])]))
     _forward(model, kv, batcher.step([(0, [8])]))
     assert model._fused == (kv, None)
+
+
+def test_the_engine_uses_it_and_closing_frees_the_caches_it_holds(tiny_llama_dir):
+    from tgi_llm import LLM
+
+    with LLM(str(tiny_llama_dir), quantize="int4", kv_cache_memory_gb=0.01) as llm:
+        model = llm.engine.runner.model
+        out = llm.generate([[1, 5, 7, 9], [1, 8]], {"max_new_tokens": 5, "ignore_eos": True})
+        assert [len(o.token_ids) for o in out] == [5, 5]
+        caches, stack = model._fused
+        assert stack is not None and stack.agrees is True and caches is llm.engine.runner.kv_caches
+    assert model._fused is None

@@ -220,6 +220,10 @@ class LlamaForCausalLM(nn.Module):
             hidden = layer(hidden, cos, sin, kv_cache, attn, self.attention_backend)
         return self.norm(hidden)
 
+    def release_caches(self) -> None:
+        """Forget the fused stack, which holds the K/V caches it was made for: the runner's close frees them."""
+        self._fused = None
+
     def _fused_decode(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> FusedDecode | None:
         """The C layer stack for decode steps (fused_decode.py), made for these caches on first use."""
         if self._fused is None or self._fused[0] is not kv_caches:

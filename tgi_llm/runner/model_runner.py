@@ -126,6 +126,9 @@ class ModelRunner:
 
     def close(self) -> None:
         self.kv_caches = []
+        release = getattr(self.model, "release_caches", None)  # a model that keeps references to them
+        if release is not None:
+            release()
 
 
 def _prompt_logprobs(logits: torch.Tensor, targets: tuple[int, ...], top_n: int
