@@ -165,7 +165,8 @@ def load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
-def _library() -> ctypes.CDLL | None:
+def library() -> ctypes.CDLL | None:
+    """The compiled stack (built once per machine and cached, like the kernels), or None if it can't be."""
     global _lib, _tried
     if _tried:
         return _lib
@@ -232,7 +233,7 @@ class FusedDecode:
     @classmethod
     def build(cls, model, kv_caches) -> FusedDecode | None:
         reason = _why_not(model, kv_caches)
-        lib = _library() if reason is None else None
+        lib = library() if reason is None else None
         if lib is None:
             logger.info("fused decode: off (%s)", reason or "no library")
             return None

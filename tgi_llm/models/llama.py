@@ -21,6 +21,7 @@ from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_at
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.fused_decode import FusedDecode
+from tgi_llm.models.fused_decode import library as fused_decode_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
@@ -270,6 +271,8 @@ def load_model(
     if model.device.type == "cpu" and model.pack_for_cpu():
         logger.info("linear weights packed for oneDNN")
     prepare_cpu_attention(device, dtype)
+    if weights.quantized and model.device.type == "cpu":
+        fused_decode_library()  # built now, not on the first request's first token
     logger.info(
         "loaded %s (%s, %d layers, hidden %d) as %s on %s, weights %s",
         model_dir,
