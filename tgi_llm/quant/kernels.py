@@ -690,16 +690,9 @@ class WeightDesc(ctypes.Structure):
 class QuantKernels:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
-        p, i64, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.q4_linear.argtypes = [p, p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
-        lib.q8_linear.argtypes = [p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
-        lib.q4x8_linear.argtypes = lib.q4_linear.argtypes
-        lib.quant_gemm.argtypes = [i32, p, p, p, i32, i64, p, i64, p, i64, i64, i64, i64, i32]
-        lib.q4p_linear.argtypes = lib.q4p_gemm.argtypes = lib.q4_linear.argtypes
-        for fn in (lib.quant_gemm, lib.q4_linear, lib.q8_linear, lib.q4x8_linear, lib.q4p_linear, lib.q4p_gemm):
-            fn.restype = None
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
         lib.panel_lanes.restype = ctypes.c_int
-        lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, i32]
+        lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, ctypes.c_int]
         lib.quant_apply.restype = None
         #: `quant_apply`'s address, for C callers (the fused decode stack)
         self.apply_address = ctypes.cast(lib.quant_apply, ctypes.c_void_p).value
@@ -707,55 +700,26 @@ class QuantKernels:
         #: Output rows per panel of the "panel" q4 byte order (formats.py): the CPU's float lanes.
         self.panel_lanes = int(lib.panel_lanes())
 
-    @staticmethod
-    def _operands(x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """x with unit column stride, and the output [M, N] (`out` when given)."""
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        assert x.shape[1] == w.in_features and x.dtype == torch.float32
-        return x, torch.empty(x.shape[0], w.out_features, dtype=torch.float32) if out is None else out
-
-    def linear(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
-        """x [M, K] float32 (rows may be strided) -> [M, N] float32."""
-        x, y = self._operands(x, w, out)
-        m, k = x.shape
-        f16 = int(w.scales.dtype == torch.float16)
-        threads = torch.get_num_threads()
-        if w.kind == "q4":
-            fn = {"x8": self._lib.q4x8_linear, "panel": self._lib.q4p_linear}.get(w.order, self._lib.q4_linear)
-            fn(w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), f16, w.group, x.data_ptr(),
-                                x.stride(0), y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
-        else:
-            self._lib.q8_linear(w.codes.data_ptr(), w.scales.data_ptr(), f16, w.group, x.data_ptr(), x.stride(0),
-                                y.data_ptr(), y.stride(0), m, w.out_features, k, threads)
-        return y
-
-    def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int) -> torch.Tensor:
-        """x [M, K] float32 (rows may be strided) -> x W^T + b [M, N]: `linear` below `gemm_min` rows, else
-        `gemm`; one call whatever the weight's layout."""
+    def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int, out: torch.Tensor | None = None
+              ) -> torch.Tensor:
+        """x [M, K] float32 (rows may be strided) -> x W^T + b [M, N] (into `out` when given): the decode
+        kernel of the weight's layout below `gemm_min` rows, its GEMM from there; `quant_apply` picks."""
         if x.stride(-1) != 1:
             x = x.contiguous()
         m = x.shape[0]
         assert x.shape[1] == desc.K and x.dtype == torch.float32
-        y = torch.empty(m, desc.N, dtype=torch.float32)
-        self._lib.quant_apply(ctypes.byref(desc), x.data_ptr(), x.stride(0), y.data_ptr(), desc.N, m, gemm_min,
+        y = torch.empty(m, desc.N, dtype=torch.float32) if out is None else out
+        self._lib.quant_apply(ctypes.byref(desc), x.data_ptr(), x.stride(0), y.data_ptr(), y.stride(0), m, gemm_min,
                               torch.get_num_threads())
         return y
 
+    def linear(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The decode kernel at any number of rows (x [M, K] float32 -> [M, N] float32)."""
+        return self.apply(x, WeightDesc.of(w), x.shape[0] + 1, out)
+
     def gemm(self, x: torch.Tensor, w: QuantizedWeight, out: torch.Tensor | None = None) -> torch.Tensor:
         """As `linear`, register-blocked over a dequantized panel: for many activation rows."""
-        x, y = self._operands(x, w, out)
-        m, k = x.shape
-        if w.order == "panel":
-            self._lib.q4p_gemm(w.codes.data_ptr(), w.scales.data_ptr(), w.mins.data_ptr(),
-                               int(w.scales.dtype == torch.float16), w.group, x.data_ptr(), x.stride(0), y.data_ptr(),
-                               y.stride(0), m, w.out_features, k, torch.get_num_threads())
-            return y
-        kind = 2 if w.kind == "q8" else int(w.order == "x8")
-        self._lib.quant_gemm(kind, w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins),
-                             int(w.scales.dtype == torch.float16), w.group, x.data_ptr(), x.stride(0), y.data_ptr(),
-                             y.stride(0), m, w.out_features, k, torch.get_num_threads())
-        return y
+        return self.apply(x, WeightDesc.of(w), 0, out)
 
 
 _lock = threading.Lock()
