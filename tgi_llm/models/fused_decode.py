@@ -27,6 +27,7 @@ import torch
 
 from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.native_build import BASE_FLAGS, build_library
 from tgi_llm.native_vectors import VECTORS_C
 from tgi_llm.quant.kernels import quant_kernels
@@ -182,8 +183,6 @@ def library() -> ctypes.CDLL | None:
 
 def _why_not(model, kv_caches) -> str | None:
     """Why this model can't run the fused stack (None: it can)."""
-    from tgi_llm.attention.torch_paged import TorchPagedAttention
-
     if os.environ.get("TGI_LLM_FUSED_DECODE", "1") == "0":
         return "switched off by TGI_LLM_FUSED_DECODE=0"
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.shard.world_size != 1:
@@ -206,11 +205,11 @@ def _why_not(model, kv_caches) -> str | None:
 
 
 class FusedDecode:
-    """The C layer stack for one model and one set of K/V caches (it holds pointers into both)."""
+    """The C layer stack for one model and one set of K/V caches. It holds raw pointers into both: its owner
+    (the model) keeps them alive, and drops it with the caches (LlamaForCausalLM.release_caches)."""
 
     def __init__(self, lib: ctypes.CDLL, model, kv_caches) -> None:
         self._lib = lib
-        self.kv_caches = kv_caches
         first = model.layers[0]
         self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.scale, self.eps = first.scale, first.input_norm.eps
@@ -223,7 +222,6 @@ class FusedDecode:
                    layer.input_norm.weight.data_ptr(), layer.post_attention_norm.weight.data_ptr(),
                    k.data_ptr(), v.data_ptr())
             for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
-        self._keep = [m for layer in model.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
         self._apply = quant_kernels().apply_address
         self._attention = cpu_attention_kernels().decode_address
         self.block_size = kv_caches[0][0].shape[1]
@@ -274,10 +272,9 @@ class FusedDecode:
         want = reference()
         scale = max(1.0, want.abs().max().item())
         self.agrees = bool(torch.allclose(got, want, rtol=1e-3, atol=1e-3 * scale))
+        difference = (got - want).abs().max().item()
         if self.agrees:
-            logger.info("fused decode: agrees with the torch layers (max difference %.2e)",
-                        (got - want).abs().max().item())
+            logger.info("fused decode: agrees with the torch layers (max difference %.2e)", difference)
         else:
-            logger.warning("fused decode: off, it disagrees with the torch layers (max difference %.2e)",
-                           (got - want).abs().max().item())
+            logger.warning("fused decode: off, it disagrees with the torch layers (max difference %.2e)", difference)
         return want
