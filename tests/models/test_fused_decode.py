@@ -11,7 +11,7 @@ import torch
 from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.llama import load_model
 from tgi_llm.quant.kernels import quant_kernels
-from tgi_llm.quant.linear import GEMM_MIN_TOKENS
+from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS
 from tgi_llm.quant.modes import Quantization
 
 pytestmark = pytest.mark.skipif(quant_kernels() is None, reason="no C compiler: the fused stack needs the kernels")
@@ -31,7 +31,7 @@ def _caches(model, num_blocks=96, block_size=4):
 def _steps(rng: random.Random, rows: int):
     """Prompts of different lengths, decode steps of 1 and of `rows` sequences, a step that mixes a new
     prompt with decodes (the torch layers then read K/V the fused stack wrote), and decodes again."""
-    prompts = [(i, [rng.randrange(3, 250) for _ in range(3 + 4 * i)]) for i in range(rows)]
+    prompts = [(i, [rng.randrange(3, 250) for _ in range(3 + 4 * (i % 8))]) for i in range(rows)]
     yield prompts
     for _ in range(2):
         yield [(0, [rng.randrange(3, 250)])]
@@ -41,14 +41,18 @@ def _steps(rng: random.Random, rows: int):
         yield [(i, [rng.randrange(3, 250)]) for i in range(rows + 1)]
 
 
-@pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4")])
-@pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1])  # the decode kernel's rows, and the GEMM's
+@pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4"),
+                                               ("llama", "float"), ("qwen2", "float")])
+@pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1, FLOAT_GEMM_MIN_TOKENS + 1])  # decode kernel / GEMM rows
 def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, monkeypatch, model_type, mode, rows):
+    if rows == FLOAT_GEMM_MIN_TOKENS + 1 and mode != "float":
+        pytest.skip("the quantized GEMM already runs at GEMM_MIN_TOKENS + 1 rows")
+    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "c")  # float32 weights on the C kernels on any CPU
     model_dir = tiny_model_factory(model_type)  # qwen2: q/k/v biases, which quant_apply adds
     fused, _ = load_model(model_dir, quantization=Quantization(mode))
     reference, _ = load_model(model_dir, quantization=Quantization(mode))
-    fused_kv, reference_kv = _caches(fused), _caches(reference)
-    batcher = paged_batcher(block_size=4, num_blocks=96)
+    fused_kv, reference_kv = _caches(fused, num_blocks=512), _caches(reference, num_blocks=512)
+    batcher = paged_batcher(block_size=4, num_blocks=512)
     decode_steps = 0
     for chunks in _steps(random.Random(rows), rows):
         ids, positions, attn = batcher.step(chunks)
@@ -87,8 +91,10 @@ def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batche
     assert calls == [1]  # not asked again
 
 
-def test_float_weights_keep_the_torch_layers(tiny_model_factory, paged_batcher):
+def test_onednn_packed_float_weights_keep_the_torch_layers(tiny_model_factory, paged_batcher, monkeypatch):
+    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")
     model, _ = load_model(tiny_model_factory("llama"))
+    assert model.float_kernels is None
     kv = _caches(model)
     batcher = paged_batcher(block_size=4, num_blocks=96)
     _forward(model, kv, batcher.step([(0, [5, 6, 7])]))

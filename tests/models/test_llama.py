@@ -7,6 +7,7 @@ import torch
 
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models import load_model
+from tgi_llm.quant.kernels import quant_kernels
 
 torch.set_num_threads(2)
 
@@ -92,11 +93,26 @@ VARIANTS = {
 }
 
 
+@pytest.fixture(params=["c", "onednn"])
+def float_linears(request, monkeypatch):
+    """Both float32 linear paths on any CPU (the ISA rule picks one of them per machine)."""
+    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", request.param)
+    return request.param
+
+
+def load_float_model(model_dir, float_linears):
+    model, config = load_model(model_dir)
+    on_kernels = model.float_kernels is not None
+    assert on_kernels == (float_linears == "c" and quant_kernels() is not None)
+    assert (model.lm_head_packed is not None) == (float_linears == "onednn")  # held once either way
+    return model, config
+
+
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_prefill_batch_matches_transformers(tiny_model_factory, paged_batcher, variant):
+def test_prefill_batch_matches_transformers(tiny_model_factory, paged_batcher, variant, float_linears):
     model_type, overrides = VARIANTS[variant]
     model_dir = tiny_model_factory(model_type, **overrides)
-    model, config = load_model(model_dir)
+    model, config = load_float_model(model_dir, float_linears)
     ref = reference_model(model_dir)
     prompts = random_prompts([1, 5, 13, 30], config.vocab_size)
     run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32))
@@ -105,11 +121,11 @@ def test_prefill_batch_matches_transformers(tiny_model_factory, paged_batcher, v
         assert rel_err(logits, reference_logits(ref, prompt)) < 1e-4
 
 
-def test_decode_after_prefill_matches_full_sequence(tiny_model_factory, paged_batcher):
+def test_decode_after_prefill_matches_full_sequence(tiny_model_factory, paged_batcher, float_linears):
     """Prefill, chunked prefill and decodes mixed over several steps: each new token's logits equal
     transformers' logits at that position of the whole sequence."""
     model_dir = tiny_model_factory("llama")
-    model, config = load_model(model_dir)
+    model, config = load_float_model(model_dir, float_linears)
     ref = reference_model(model_dir)
     full = random_prompts([20, 14, 11], config.vocab_size, seed=1)
     # per step: (sequence, how many of its next tokens)

@@ -72,6 +72,21 @@ def test_gemm_dequantizes_bit_exactly_like_torch(name, make):
 
 
 @needs_kernel
+@pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (70, 576), (130, 1536)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 9, 13])
+@pytest.mark.parametrize("gemm_min", [0, 100])  # the GEMM, and the decode kernel (4 / 2 / 1 rows per pass)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float32_weights_match_float64_reference(n, k, m, gemm_min, with_bias):
+    gen = torch.Generator().manual_seed(n * 1000 + k + m)
+    w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen) if with_bias else None
+    wide = torch.randn(m, k + 24, generator=gen)
+    x = wide[:, 8:k + 8]  # rows with a stride wider than k
+    want = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    got = kernel.apply(x, kernels_mod.dense_desc(w, bias), gemm_min)
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
+
+
+@needs_kernel
 def test_strided_rows_and_batch_independence():
     """Rows of a wider activation (a view) work, and a row's result does not depend on its batch-mates."""
     gen = torch.Generator().manual_seed(5)

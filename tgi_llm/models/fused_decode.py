@@ -1,4 +1,4 @@
-"""A decode step's whole layer stack in one C call, for quantized Llama-family models on the CPU.
+"""A decode step's whole layer stack in one C call, for Llama-family models on the CPU.
 
 At a few rows the decoder layer's work is small next to what it costs to reach it from Python: each layer
 runs ~25 torch ops and 4 ctypes calls, and at one token that dispatch was ~60% of the step (py-spy on
@@ -8,8 +8,9 @@ kernels the torch path calls (`quant_apply` of quant/kernels.py, `paged_decode_f
 attention/cpu_kernels.py), reached through their addresses. Same weights, same kernels, same arithmetic
 order in the matmuls; the norms, rope and SiLU differ from torch's only in rounding.
 
-Only pure-decode steps of a single-shard float32 CPU model whose linears are all quantized take it; a
-step with prompt tokens runs the torch layers. The first fused step is checked against the torch layers on
+Only pure-decode steps of a single-shard float32 CPU model whose linears all run on `quant_apply` take it
+(quantized ones, or float32 ones where the C kernels serve them: models/llama.py `float_linear_kernels`);
+a step with prompt tokens runs the torch layers. The first fused step is checked against the torch layers on
 the live model (the torch result is kept, and a mismatch turns the fused path off with a warning).
 TGI_LLM_FUSED_DECODE=0 switches it off.
 """
@@ -31,7 +32,7 @@ from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.native_build import BASE_FLAGS, build_library
 from tgi_llm.native_vectors import VECTORS_C
 from tgi_llm.quant.kernels import quant_kernels
-from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
+from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, QuantLinear
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +182,11 @@ def library() -> ctypes.CDLL | None:
     return _lib
 
 
+def _on_kernels(linear) -> bool:
+    """Whether `quant_apply` serves this linear: quantized, or a float one that took the C kernels."""
+    return isinstance(linear, QuantLinear) or getattr(linear, "kernels", None) is not None
+
+
 def _why_not(model, kv_caches) -> str | None:
     """Why this model can't run the fused stack (None: it can)."""
     if os.environ.get("TGI_LLM_FUSED_DECODE", "1") == "0":
@@ -190,10 +196,10 @@ def _why_not(model, kv_caches) -> str | None:
     if not isinstance(model.attention_backend, TorchPagedAttention) or cpu_attention_kernels() is None:
         return "needs the CPU attention kernels"
     if quant_kernels() is None:
-        return "needs the quantized-linear C kernels"
+        return "needs the C linear kernels"
     for layer in model.layers:
-        if not all(isinstance(m, QuantLinear) for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)):
-            return "needs every linear quantized"
+        if not all(_on_kernels(m) for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)):
+            return "needs every linear on the C kernels (quantized, or float32 on a CPU where they serve it)"
     first = model.layers[0]
     dim, heads = first.head_dim, first.num_heads
     k = kv_caches[0][0]
@@ -214,7 +220,9 @@ class FusedDecode:
         self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.scale, self.eps = first.scale, first.input_norm.eps
         self.hidden_size = model.config.hidden_size
-        self.intermediate = first.gate_up.qweight.out_features // 2
+        self.intermediate = first.gate_up.desc().N // 2
+        # float weights take the decode kernel up to more rows than codes do (quant/linear.py)
+        self.gemm_min = GEMM_MIN_TOKENS if isinstance(first.gate_up, QuantLinear) else FLOAT_GEMM_MIN_TOKENS
         self.final_norm = model.norm.weight.detach()
         self._layers = (_Layer * len(model.layers))(*(
             _Layer(ctypes.addressof(layer.qkv.desc()), ctypes.addressof(layer.o_proj.desc()),
@@ -260,7 +268,7 @@ class FusedDecode:
             self._layers, len(self._layers), self._apply, self._attention, hidden.data_ptr(), out.data_ptr(),
             self.final_norm.data_ptr(), m, self.hidden_size, self.heads, self.kv_heads, self.head_dim,
             self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
-            tables.shape[1], lens.data_ptr(), self.block_size, stride, self.scale, self.eps, GEMM_MIN_TOKENS,
+            tables.shape[1], lens.data_ptr(), self.block_size, stride, self.scale, self.eps, self.gemm_min,
             torch.get_num_threads())
         if failed:
             raise MemoryError("fused decode: no memory for its scratch buffers")

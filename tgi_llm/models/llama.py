@@ -11,6 +11,7 @@ head's logits), which are plain local ops with one shard.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -26,7 +27,8 @@ from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tab
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.linear import QuantLinear
+from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
+from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, QuantLinear
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
@@ -69,12 +71,48 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def _has_avx512() -> bool:
+    try:
+        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    except OSError:
+        return False
+    return "avx512f" in flags.split()
+
+
+def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
+    """The C kernels for float32 linears on this CPU, or None for oneDNN's packed ones (a rule per ISA,
+    measured: docs/PERFORMANCE.md item 14). Without AVX-512 ours stream plain weights ~1.5x faster than
+    oneDNN at 1-4 rows and match it from 32 (Zen 3); with AVX-512 oneDNN measured 2.3x faster than MKL and
+    ours were not measured there. TGI_LLM_FLOAT_LINEARS=c or onednn overrides the rule."""
+    choice = os.environ.get("TGI_LLM_FLOAT_LINEARS", "auto")
+    if dtype != torch.float32 or choice == "onednn" or (choice != "c" and _has_avx512()):
+        return None
+    return quant_kernels()
+
+
 class Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed: torch.Tensor | None = None
+        self.kernels: QuantKernels | None = None
+        self._desc: WeightDesc | None = None
+
+    def use_kernels(self, kernels: QuantKernels) -> bool:
+        """Run through the C float32 kernels (quant_apply), on the plain weight, where its shape allows."""
+        w = self.weight
+        if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape[1] % 16:
+            return False
+        self.weight.data = w.contiguous()
+        self.kernels = kernels
+        return True
+
+    def desc(self) -> WeightDesc:
+        """Where the C kernels find this layer's weight and bias (after `use_kernels`)."""
+        if self._desc is None:
+            self._desc = dense_desc(self.weight.detach(), None if self.bias is None else self.bias.detach())
+        return self._desc
 
     def pack(self) -> bool:
         """Swap the weight for its oneDNN-packed form (dropping the plain copy: no doubled memory)."""
@@ -91,6 +129,8 @@ class Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
+        if self.kernels is not None and x.dim() == 2 and x.dtype == torch.float32:
+            return self.kernels.apply(x, self.desc(), FLOAT_GEMM_MIN_TOKENS)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -164,7 +204,9 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = self.embed_tokens if tied else nn.Parameter(head, requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.attention_backend = attention_backend
-        self.lm_head_packed: torch.Tensor | None = None  # see pack_for_cpu
+        self.lm_head_packed: torch.Tensor | None = None  # see prepare_cpu_linears
+        self.lm_head_desc: WeightDesc | None = None  # the float head through the C kernels
+        self.float_kernels: QuantKernels | None = None
         self._fused: tuple[list, FusedDecode | None] | None = None  # (the caches it was made for, it)
 
     @property
@@ -175,9 +217,25 @@ class LlamaForCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
+    def prepare_cpu_linears(self) -> str | None:
+        """Choose how the float linears run on the CPU (after the final `.to()`: packed weights can't move):
+        the C kernels on their plain weights, or oneDNN's packed layout (`float_linear_kernels`). Returns
+        what was chosen, for the log, or None (F.linear)."""
+        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        kernels = float_linear_kernels(self.dtype) if self.device.type == "cpu" else None
+        if kernels is not None and all(m.use_kernels(kernels) for m in linears):
+            if self.lm_head_quant is None and self.lm_head.shape[1] % 16 == 0:
+                self.lm_head.data = self.lm_head.data.contiguous()
+                self.lm_head_desc = dense_desc(self.lm_head.detach())
+            self.float_kernels = kernels
+            return "float32 linears: C kernels on the plain weights"
+        for m in linears:
+            m.kernels = None
+        return "linear weights packed for oneDNN" if self.pack_for_cpu() else None
+
     def pack_for_cpu(self) -> bool:
-        """Pack every float linear weight for oneDNN (after the final `.to()`: packed weights can't move).
-        The LM head gets a packed copy next to the (possibly tied) dense one."""
+        """Pack every float linear weight for oneDNN. The LM head gets a packed copy next to the (possibly
+        tied) dense one."""
         packed = [m.pack() for m in self.modules() if isinstance(m, Linear)]
         if not all(packed):
             return False
@@ -237,6 +295,9 @@ class LlamaForCausalLM(nn.Module):
         """float32 logits [N, V] for the rows the sampler needs."""
         if self.lm_head_quant is not None:
             return tp_ops.gather_vocab(self.lm_head_quant(hidden).float(), self.shard)
+        if self.lm_head_desc is not None and hidden.dim() == 2 and hidden.dtype == torch.float32:
+            logits = self.float_kernels.apply(hidden, self.lm_head_desc, FLOAT_GEMM_MIN_TOKENS)
+            return tp_ops.gather_vocab(logits, self.shard)
         if self.lm_head_packed is not None:
             return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)
         return tp_ops.gather_vocab(F.linear(hidden, self.lm_head).float(), self.shard)
@@ -268,10 +329,10 @@ def load_model(
                          "(use --quantize float for float weights in that dtype)")
     model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
     model = model.to(device=device, dtype=dtype).eval()
-    if model.device.type == "cpu" and model.pack_for_cpu():
-        logger.info("linear weights packed for oneDNN")
+    if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears()):
+        logger.info(chosen)
     prepare_cpu_attention(device, dtype)
-    if weights.quantized and model.device.type == "cpu":
+    if (weights.quantized or model.float_kernels is not None) and model.device.type == "cpu":
         fused_decode_library()  # built now, not on the first request's first token
     logger.info(
         "loaded %s (%s, %d layers, hidden %d) as %s on %s, weights %s",

@@ -236,6 +236,55 @@ void q8_linear(const int8_t* codes, const void* scales, int f16, int64_t g, cons
     }
 }
 
+/* ---- plain float32 weights [N, K] (K % VL == 0): the same decode kernel shape without codes. One weight
+   vector feeds every activation row; R output rows at a time keep R * MTC FMA chains in flight (one chain
+   per row at one token would be FMA-latency bound, ~1 vector per 4 cycles). */
+static inline __attribute__((always_inline)) void f32_rows(
+    const float* restrict w, const int64_t K, const float* restrict x, const int64_t ldx, const int MTC,
+    const int R, float* restrict y, const int64_t ldy) {
+    V acc[4][MT];
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int m = 0; m < MTC; m++) acc[r][m] = vzero();
+    for (int64_t k = 0; k < K; k += VL) {
+        UNROLL for (int r = 0; r < R; r++) {
+            const V wv = vld(w + r * K + k);
+            UNROLL for (int m = 0; m < MTC; m++) acc[r][m] = vfma(wv, vld(x + m * ldx + k), acc[r][m]);
+        }
+    }
+    UNROLL for (int r = 0; r < R; r++) UNROLL for (int m = 0; m < MTC; m++) y[m * ldy + r] = vsum(acc[r][m]);
+}
+
+void f32_linear(const float* weight, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N,
+                int64_t K, int nthreads) {
+    const int64_t chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t n1 = (c + 1) * ROWS_PER_CHUNK < N ? (c + 1) * ROWS_PER_CHUNK : N;
+        for (int64_t m0 = 0; m0 < M; m0 += MT) {
+            const int mt = M - m0 < MT ? (int)(M - m0) : MT;
+            const float* xm = x + m0 * ldx;
+            int64_t n = c * ROWS_PER_CHUNK;
+            for (; mt <= 2 && n + 4 <= n1; n += 4) { /* few rows: 4 output rows per pass */
+                if (mt == 1) f32_rows(weight + n * K, K, xm, ldx, 1, 4, y + m0 * ldy + n, ldy);
+                else f32_rows(weight + n * K, K, xm, ldx, 2, 4, y + m0 * ldy + n, ldy);
+            }
+            for (; mt > 2 && M > MT && n + 2 <= n1; n += 2) { /* re-read from L2: fewer loads per FMA */
+                if (mt == 4) f32_rows(weight + n * K, K, xm, ldx, 4, 2, y + m0 * ldy + n, ldy);
+                else f32_rows(weight + n * K, K, xm, ldx, 3, 2, y + m0 * ldy + n, ldy);
+            }
+            for (; n < n1; n++) {
+                const float* wn = weight + n * K;
+                float* ym = y + m0 * ldy + n;
+                switch (mt) {
+                    case 4: f32_rows(wn, K, xm, ldx, 4, 1, ym, ldy); break;
+                    case 3: f32_rows(wn, K, xm, ldx, 3, 1, ym, ldy); break;
+                    case 2: f32_rows(wn, K, xm, ldx, 2, 1, ym, ldy); break;
+                    default: f32_rows(wn, K, xm, ldx, 1, 1, ym, ldy); break;
+                }
+            }
+        }
+    }
+}
+
 /* ---- q4 codes in the "x8" byte order: per 64 weights 8 words, nibble i of word j = weight 8i + j ---- */
 
 /* 8 codes (weights 8i .. 8i + 7 of a 64-chunk) as floats: a shift, a mask, a conversion */
@@ -369,6 +418,10 @@ void q4x8_linear(const uint8_t* codes, const void* scales, const void* mins, int
 __attribute__((noinline)) NO_FMA static void dequant_segment(
     int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g, int64_t K,
     int64_t n, int64_t k0, int64_t k1, float* restrict out) {
+    if (kind == 4) { /* float32: nothing to convert */
+        memcpy(out, (const float*)codes + n * K + k0, (k1 - k0) * sizeof(float));
+        return;
+    }
     const int64_t G = K / g, blk = kind == 2 ? 16 : 32, nb = (k1 - k0) / blk;
     const size_t ss = f16 ? 2 : 4;
     const void *sc = (const char*)scales + n * G * ss, *mn = kind == 2 ? 0 : (const char*)mins + n * G * ss;
@@ -465,7 +518,7 @@ static inline __attribute__((always_inline)) void gemm_tile(
     }
 }
 
-/* kind: 0 q4 (GGUF order), 1 q4 (x8 order), 2 q8; x [M, K] (row stride ldx) -> y [M, N] (row stride ldy) */
+/* kind: 0 q4 (GGUF order), 1 q4 (x8 order), 2 q8, 4 float32; x [M, K] (row stride ldx) -> y [M, N] (row stride ldy) */
 void quant_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
                 const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t panels = (N + NW - 1) / NW;
@@ -636,10 +689,10 @@ typedef struct {
     int32_t kind; /* QW_* */
     int32_t f16; /* scales and mins are float16 (else float32) */
     int64_t group, N, K;
-    const void *codes, *scales, *mins; /* mins: q4 only */
+    const void *codes, *scales, *mins; /* mins: q4 only; QW_F32: codes is the float32 [N, K] weight */
     const float* bias; /* [N] or NULL */
 } qweight_t;
-enum { QW_Q4_GGUF = 0, QW_Q4_X8 = 1, QW_Q8 = 2, QW_Q4_PANEL = 3 };
+enum { QW_Q4_GGUF = 0, QW_Q4_X8 = 1, QW_Q8 = 2, QW_Q4_PANEL = 3, QW_F32 = 4 };
 
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                  int64_t gemm_min, int nthreads) {
@@ -650,6 +703,7 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
         case QW_Q4_GGUF: Q4(q4_linear); break;
         case QW_Q4_X8: Q4(q4x8_linear); break;
         case QW_Q4_PANEL: Q4(q4p_linear); break;
+        case QW_F32: f32_linear(w->codes, x, ldx, y, ldy, M, N, K, nthreads); break;
         default: q8_linear(w->codes, w->scales, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
         }
     } else if (w->kind == QW_Q4_PANEL) {
@@ -685,6 +739,15 @@ class WeightDesc(ctypes.Structure):
         kind = 2 if w.kind == "q8" else {"gguf": 0, "x8": 1, "panel": 3}[w.order]
         return cls(kind, int(w.scales.dtype == torch.float16), w.group, w.out_features, w.in_features,
                    w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), _ptr(bias))
+
+
+def dense_desc(weight: torch.Tensor, bias: torch.Tensor | None = None) -> WeightDesc:
+    """`qweight_t` of a plain float32 weight [N, K] (K a multiple of 16): the float kernels of `quant_apply`."""
+    n, k = weight.shape
+    assert weight.dtype == torch.float32 and weight.is_contiguous() and k % 16 == 0
+    if bias is not None:
+        assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (n,)
+    return WeightDesc(4, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
 
 
 class QuantKernels:
@@ -745,6 +808,9 @@ def _self_check(kernels: QuantKernels) -> None:
         for name, fn in (("linear", kernels.linear), ("gemm", kernels.gemm)):
             if not torch.allclose(fn(x, qw), x @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
                 raise RuntimeError(f"{qw.source} {name} disagrees with torch")
+    for gemm_min in (0, 100):  # plain float32 weights: the GEMM and the decode kernel
+        if not torch.allclose(kernels.apply(x, dense_desc(w), gemm_min), x @ w.T, rtol=1e-4, atol=1e-4):
+            raise RuntimeError(f"float32 {'gemm' if gemm_min == 0 else 'linear'} disagrees with torch")
 
 
 def quant_kernels() -> QuantKernels | None:

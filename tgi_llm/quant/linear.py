@@ -21,6 +21,10 @@ from tgi_llm.quant.kernels import WeightDesc, quant_kernels
 #: the panel order, the two equal there; the decode kernel's cost grows with every 3 rows, the GEMM's
 #: dequantization is fixed).
 GEMM_MIN_TOKENS = 8
+#: The same for plain float32 weights, which the decode kernel reads with no conversion and re-reads from
+#: L2 for every 4 rows: it beats the GEMM (which copies and transposes a panel per call) up to ~48 rows
+#: (all linears of SmolLM2-135M, Zen 3, docs/PERFORMANCE.md item 14).
+FLOAT_GEMM_MIN_TOKENS = 48
 #: The torch fallback dequantizes at most this many float32 bytes at a time (the LM head alone is 113 MB).
 CHUNK_BYTES = 16 << 20
 
