@@ -51,13 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cached", type=int, default=512)
     ap.add_argument("--tokens", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--quantize", default=None, help="as the launcher's --quantize (default: the model's own)")
     ap.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
     args = ap.parse_args(argv)
 
     from tgi_llm import LLM
     from tgi_llm.weights import resolve_model_dir
 
-    with LLM(str(resolve_model_dir(args.model_id)), kv_cache_memory_gb=0.5) as llm:
+    with LLM(str(resolve_model_dir(args.model_id)), kv_cache_memory_gb=0.5, quantize=args.quantize) as llm:
         steps = chunk_steps(llm, args.cached, args.tokens)
         best = {n: float("inf") for n in args.tokens}
         for step in steps.values():

@@ -18,11 +18,11 @@ def reference(default_model_dir):
     return seqs, config, [sequence_logits(model, config, s) for s in seqs]
 
 
-# int8's bar is below the issue's 99%: on this model (itself Q4_1) groups of 32 measure 98.5% on larger
-# samples (docs/PERFORMANCE.md); the test guards against regressions, not the target.
+# int8 at the issue's 99% and a mean |delta logprob| that symmetric-only int8 (0.037 on 4,088 positions)
+# would fail: this reference is itself Q4_1 + Q8_0, whose groups int8 holds on its per-group grids.
 @pytest.mark.slow
 @pytest.mark.parametrize(("quantization", "top1", "logprob"), [
-    (Quantization("gguf"), 0.995, 1e-3), (Quantization("int8", 32), 0.97, 0.08), (Quantization("int4", 32), 0.95, 0.1),
+    (Quantization("gguf"), 0.995, 1e-3), (Quantization("int8", 32), 0.99, 0.01), (Quantization("int4", 32), 0.95, 0.1),
 ])
 def test_agreement_with_the_float_reference(default_model_dir, reference, quantization, top1, logprob):
     seqs, config, ref = reference

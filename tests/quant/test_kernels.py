@@ -7,7 +7,7 @@ import torch
 
 import tgi_llm.quant.kernels as kernels_mod
 from tgi_llm.native_build import NativeBuildError
-from tgi_llm.quant.formats import quantize_int4, quantize_int8
+from tgi_llm.quant.formats import QuantizedWeight, quantize_int4, quantize_int8
 from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
 
 kernel = kernels_mod.quant_kernels()
@@ -30,7 +30,18 @@ LAYOUTS = [
      lambda w: quantize_int4(whole_panels(w) * 1e5, 64).with_order("panel", LANES)),
     ("int8 per channel", lambda w: quantize_int8(w)),
     ("int8 g16", lambda w: quantize_int8(w, 16)),
+    ("int8 g32 fp32 scales", lambda w: quantize_int8(w * 1e5, 32)),
+    ("symmetric q8 g32 (Q8_0)", lambda w: symmetric_q8(w, 32)),
+    ("symmetric q8 g16 fp32 scales (Q6_K)", lambda w: symmetric_q8(w, 16, torch.float32)),
 ]
+
+
+def symmetric_q8(w: torch.Tensor, group: int, dtype: torch.dtype = torch.float16) -> QuantizedWeight:
+    """The layout GGUF's Q8_0 and Q6_K load into: no mins."""
+    n, k = w.shape
+    scales = (w.view(n, k // group, group).abs().amax(-1) / 127).to(dtype)
+    codes = torch.round(w.view(n, k // group, group) / scales.float()[..., None]).clamp(-127, 127)
+    return QuantizedWeight("q8", codes.to(torch.int8).view(n, k), scales, None, group, k, source="Q8_0")
 
 
 def assert_matches_float64(fn, name, make, n, k, m):

@@ -7,8 +7,10 @@ of kernels serves them all:
   (asymmetric). Codes are packed as GGUF's Q4_0/Q4_1 blocks pack them: per 32 weights 16 bytes, byte j
   holding element j in its low nibble and element j + 16 in its high nibble. Q4_0 (scale d, min -8d),
   Q4_1 (d, m) and Q4_K (d * sub-scale, -dmin * sub-min, per 32) are all this layout, without rounding.
-- ``q8``: signed 8-bit codes, w = q * scale per group (symmetric). Q8_0 (group 32) and Q6_K (codes
-  -32..31, scale d * sub-scale per 16) are this layout, again exactly.
+- ``q8``: signed 8-bit codes, w = q * scale per group (symmetric), or w = q * scale + min with a min per
+  group (asymmetric: `--quantize int8`, whose 256 levels then span each group's [min, max] instead of
+  [-absmax, absmax]). Q8_0 (group 32) and Q6_K (codes -32..31, scale d * sub-scale per 16) are the
+  symmetric layout, again exactly.
 
 q4 codes have a second byte order, ``x8`` (QuantLinear switches to it when the C kernels serve): per 64
 weights, 8 little-endian 32-bit words, nibble i of word j holding weight 8i + j. Then `(word >> 4i) & 15`
@@ -43,7 +45,7 @@ class QuantizedWeight:
     kind: Kind
     codes: torch.Tensor  # q4: uint8 [N, K / 2]; q8: int8 [N, K]
     scales: torch.Tensor  # [N, K / group], float16 or float32
-    mins: torch.Tensor | None  # q4 only, like scales
+    mins: torch.Tensor | None  # q4 always, q8 when asymmetric; like scales
     group: int
     in_features: int
     source: str = ""  # what it came from ("Q4_1", "int4", ...), for logs and the memory account
@@ -69,8 +71,8 @@ class QuantizedWeight:
             raise ValueError(f"byte order {self.order!r} is for q4 codes with in_features % 64 == 0")
         if self.order == "panel" and (self.kind != "q4" or self.lanes <= 0 or n % self.lanes):
             raise ValueError(f"byte order 'panel' is for q4 codes with out_features a multiple of {self.lanes} lanes")
-        if (self.mins is None) != (self.kind == "q8"):
-            raise ValueError("q4 needs mins, q8 has none")
+        if self.mins is None and self.kind == "q4":
+            raise ValueError("q4 needs mins")
         if self.mins is not None and (self.mins.shape != self.scales.shape or self.mins.dtype != self.scales.dtype):
             raise ValueError("mins must match scales in shape and dtype")
 
@@ -120,7 +122,8 @@ class QuantizedWeight:
             q = w.q4_codes().view(n, k // g, g).float()
             scales, mins = w._row_major(w.scales), w._row_major(w.mins)
             return (q * scales.float()[..., None] + mins.float()[..., None]).view(n, k)
-        return (w.codes.view(n, k // g, g).float() * w.scales.float()[..., None]).view(n, k)
+        q = w.codes.view(n, k // g, g).float() * w.scales.float()[..., None]
+        return (q if w.mins is None else q + w.mins.float()[..., None]).view(n, k)
 
 
     def _row_major(self, t: torch.Tensor) -> torch.Tensor:
@@ -193,13 +196,32 @@ def _scale_dtype(scales: torch.Tensor, *others: torch.Tensor) -> torch.dtype:
 
 
 def quantize_int8(weight: torch.Tensor, group: int | None = None) -> QuantizedWeight:
-    """Symmetric int8 per group along K (per output channel when group is None, like TGI's EETQ)."""
+    """int8 per group along K (per output channel when group is None), w = q * scale + min, each group on
+    whichever of two grids reproduces it with the smaller squared error:
+
+    - asymmetric: 256 levels from the group's min to its max (q in [-128, 127], min the level of q = 0).
+      Its step is never larger than symmetric's (max - min <= 2 absmax), and a group that sits on a coarser
+      asymmetric grid (a Q4_1 model's 16 levels: 255 = 15 x 17) is held almost exactly.
+    - symmetric absmax (min 0, q in [-127, 127]): what holds a group that already sits on such a grid (a
+      Q8_0 tensor's) exactly, where the asymmetric grid would not.
+    """
     n, k = weight.shape
     group = group or k
     w = weight.detach().float().reshape(n, k // group, group)
-    scales = (w.abs().amax(-1) / 127.0).clamp(min=1e-12)
-    codes = torch.round(w / scales[..., None]).clamp(-127, 127).to(torch.int8).reshape(n, k)
-    return QuantizedWeight("q8", codes, scales, None, group, k, source=f"int8 g{group}")
+    lo, hi, absmax = w.amin(-1), w.amax(-1), w.abs().amax(-1)
+    dtype = _scale_dtype(lo, hi)
+    grids = []
+    for step, low, high, zero in (((hi - lo) / 255.0, -128, 127, None), (absmax / 127.0, -127, 127, 0.0)):
+        scale = step.clamp(min=1e-12).to(dtype)
+        base = torch.zeros_like(scale) if zero is not None else (lo + 128.0 * scale.float()).to(dtype)
+        q = torch.round((w - base.float()[..., None]) / scale.float()[..., None]).clamp(low, high)
+        error = (q * scale.float()[..., None] + base.float()[..., None] - w).square().sum(-1)
+        grids.append((q, scale, base, error))
+    (qa, sa, ba, ea), (qs, ss, bs, es) = grids
+    symmetric = es <= ea  # [N, G]
+    codes = torch.where(symmetric[..., None], qs, qa).to(torch.int8).reshape(n, k)
+    scales, mins = torch.where(symmetric, ss, sa), torch.where(symmetric, bs, ba)
+    return QuantizedWeight("q8", codes, scales, mins, group, k, source=f"int8 g{group}")
 
 
 def quantize_int4(weight: torch.Tensor, group: int = 32) -> QuantizedWeight:

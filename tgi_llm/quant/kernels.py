@@ -7,8 +7,8 @@ dequantized weights up to summation order (no activation quantization, unlike gg
 
 Two kernels, chosen by the number of activation rows (QuantLinear):
 - `linear`, for decode: per output row and group s = sum(q * x) over the group's codes (converted to
-  float in registers), y += scale * s, plus, for q4, min * sum(x over the group) (x's group sums computed
-  once per call); each row's codes are read once for up to 3-4 activation rows.
+  float in registers), y += scale * s, plus, for q4 and asymmetric int8, min * sum(x over the group) (x's
+  group sums computed once per call); each row's codes are read once for up to 3-4 activation rows.
 - `gemm`, for batches and prefill chunks: each thread dequantizes a panel of weights into L1 (exactly as
   torch does), k-major, and a register-blocked micro-kernel multiplies it with all activation rows.
 q4 weights in the "panel" byte order (formats.py; VL output rows side by side, so one vector holds one k
@@ -27,6 +27,7 @@ import ctypes
 import logging
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -103,6 +104,20 @@ static inline __attribute__((always_inline)) float scale_at(const void* s, const
     return F16 ? half_to_float(((const uint16_t*)s)[i]) : ((const float*)s)[i];
 }
 
+/* VL scales (or mins) from index i as a float vector */
+static inline __attribute__((always_inline)) V pscale(const void* s, const int F16, const int64_t i) {
+    if (!F16) return vld((const float*)s + i);
+#if defined(__AVX512F__)
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)s + i)));
+#elif defined(__AVX2__) && defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)s + i)));
+#else
+    float t[VL];
+    for (int l = 0; l < VL; l++) t[l] = half_to_float(((const uint16_t*)s)[i + l]);
+    return vld(t);
+#endif
+}
+
 /* y[m] = sum_k w[k] x[m][k] for one q4 row and MTC activation rows */
 static inline __attribute__((always_inline)) void q4_row(
     const uint8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t bpg,
@@ -131,12 +146,15 @@ static inline __attribute__((always_inline)) void q4_row(
     UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = vsum(acc[m]) + msum[m];
 }
 
+/* as q4_row; mn (a min per group, asymmetric int8) may be NULL */
 static inline __attribute__((always_inline)) void q8_row(
-    const int8_t* restrict q, const void* sc, const int F16, const int64_t g, const float* restrict x,
-    const int64_t ldx, const int64_t G, const int MTC, float* restrict y, const int64_t ldy) {
+    const int8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t g,
+    const float* restrict x, const int64_t ldx, const float* restrict xs, const int64_t G, const int MTC,
+    float* restrict y, const int64_t ldy) {
     const int P = 1;
     V acc[MT];
-    UNROLL for (int m = 0; m < MTC; m++) acc[m] = vzero();
+    float msum[MT];
+    UNROLL for (int m = 0; m < MTC; m++) { acc[m] = vzero(); msum[m] = 0.f; }
     for (int64_t gi = 0; gi < G; gi++) {
         V s[MT][16 / VL];
         UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int i = 0; i < P; i++) s[m][i] = vzero();
@@ -152,7 +170,15 @@ static inline __attribute__((always_inline)) void q8_row(
             acc[m] = vfma(s[m][0], vset1(scale_at(sc, F16, gi)), acc[m]);
         }
     }
-    UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = vsum(acc[m]);
+    if (mn) { /* + sum_g min_g * (sum of x over group g): one dot product over the groups, not one per group */
+        int64_t gi = 0;
+        for (; gi + VL <= G; gi += VL) {
+            const V mi = pscale(mn, F16, gi);
+            UNROLL for (int m = 0; m < MTC; m++) acc[m] = vfma(mi, vld(xs + m * G + gi), acc[m]);
+        }
+        for (; gi < G; gi++) UNROLL for (int m = 0; m < MTC; m++) msum[m] += scale_at(mn, F16, gi) * xs[m * G + gi];
+    }
+    UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = vsum(acc[m]) + msum[m];
 }
 
 #define ROWS_PER_CHUNK 16
@@ -206,20 +232,22 @@ void q4_linear(const uint8_t* codes, const void* scales, const void* mins, int f
     free(xs);
 }
 
-void q8_linear(const int8_t* codes, const void* scales, int f16, int64_t g, const float* x, int64_t ldx,
-               float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+void q8_linear(const int8_t* codes, const void* scales, const void* mins, int f16, int64_t g, const float* x,
+               int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
     const int64_t G = K / g, chunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     const size_t ss = f16 ? 2 : 4;
+    float* xs = mins ? group_sums(x, ldx, M, K, g) : 0;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
     for (int64_t c = 0; c < chunks; c++) {
         const int64_t n1 = (c + 1) * ROWS_PER_CHUNK < N ? (c + 1) * ROWS_PER_CHUNK : N;
         for (int64_t n = c * ROWS_PER_CHUNK; n < n1; n++) {
             const void* sc = (const char*)scales + n * G * ss;
+            const void* mn = mins ? (const char*)mins + n * G * ss : 0;
             const int8_t* q = codes + n * K;
             for (int64_t m0 = 0; m0 < M; m0 += MT) {
-                const float* xm = x + m0 * ldx;
+                const float *xm = x + m0 * ldx, *xsm = xs ? xs + m0 * G : 0;
                 float* ym = y + m0 * ldy + n;
-#define Q8(F, R) q8_row(q, sc, F, g, xm, ldx, G, R, ym, ldy)
+#define Q8(F, R) q8_row(q, sc, mn, F, g, xm, ldx, xsm, G, R, ym, ldy)
                 switch ((M - m0 < MT ? M - m0 : MT) * 2 + f16) {
                     case 9: Q8(1, 4); break;
                     case 8: Q8(0, 4); break;
@@ -234,6 +262,7 @@ void q8_linear(const int8_t* codes, const void* scales, int f16, int64_t g, cons
             }
         }
     }
+    free(xs);
 }
 
 /* ---- plain float32 weights [N, K] (K % VL == 0): the same decode kernel shape without codes. One weight
@@ -424,7 +453,7 @@ __attribute__((noinline)) NO_FMA static void dequant_segment(
     }
     const int64_t G = K / g, blk = kind == 2 ? 16 : 32, nb = (k1 - k0) / blk;
     const size_t ss = f16 ? 2 : 4;
-    const void *sc = (const char*)scales + n * G * ss, *mn = kind == 2 ? 0 : (const char*)mins + n * G * ss;
+    const void *sc = (const char*)scales + n * G * ss, *mn = mins ? (const char*)mins + n * G * ss : 0;
     float s[KC / 16], m[KC / 16];
     for (int64_t b = 0, gi = k0 / g, left = g - k0 % g; b < nb; b++) {
         s[b] = scale_at(sc, f16, gi);
@@ -435,7 +464,8 @@ __attribute__((noinline)) NO_FMA static void dequant_segment(
         for (int64_t b = 0; b < nb; b++) {
             V w[16 / VL];
             unpack_q8((const int8_t*)codes + n * K + k0 + 16 * b, w);
-            UNROLL for (int i = 0; i < 16 / VL; i++) vst(out + 16 * b + i * VL, vmul(w[i], vset1(s[b])));
+            const V add = vset1(mn ? m[b] : 0.f); /* q * s + 0 rounds as q * s */
+            UNROLL for (int i = 0; i < 16 / VL; i++) vst(out + 16 * b + i * VL, vadd(vmul(w[i], vset1(s[b])), add));
         }
         return;
     }
@@ -562,18 +592,6 @@ static inline __attribute__((always_inline)) V pcode(const VU w, const int i) {
     return (V)__builtin_convertvector((VI)((w >> (4 * i)) & 15u), VF);
 }
 /* VL scales (or mins) from index i, as float32 */
-static inline __attribute__((always_inline)) V pscale(const void* s, const int F16, const int64_t i) {
-    if (!F16) return vld((const float*)s + i);
-#if defined(__AVX512F__)
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)s + i)));
-#elif defined(__AVX2__) && defined(__F16C__)
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)s + i)));
-#else
-    float t[VL];
-    for (int l = 0; l < VL; l++) t[l] = half_to_float(((const uint16_t*)s)[i + l]);
-    return vld(t);
-#endif
-}
 
 /* Few activation rows: per group, part = sum(q * x) in each lane (one output row), then
    acc += scale * part + min * (sum of x over the group). Two panels per pass: each broadcast x feeds two FMAs. */
@@ -689,7 +707,8 @@ typedef struct {
     int32_t kind; /* QW_* */
     int32_t f16; /* scales and mins are float16 (else float32) */
     int64_t group, N, K;
-    const void *codes, *scales, *mins; /* mins: q4 only; QW_F32: codes is the float32 [N, K] weight */
+    const void *codes, *scales, *mins; /* mins: q4, and q8 when asymmetric (else NULL) */
+    /* QW_F32: codes is the float32 weight [N, K]; no scales or mins */
     const float* bias; /* [N] or NULL */
 } qweight_t;
 enum { QW_Q4_GGUF = 0, QW_Q4_X8 = 1, QW_Q8 = 2, QW_Q4_PANEL = 3, QW_F32 = 4 };
@@ -704,7 +723,7 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
         case QW_Q4_X8: Q4(q4x8_linear); break;
         case QW_Q4_PANEL: Q4(q4p_linear); break;
         case QW_F32: f32_linear(w->codes, x, ldx, y, ldy, M, N, K, nthreads); break;
-        default: q8_linear(w->codes, w->scales, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
+        default: q8_linear(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
         }
     } else if (w->kind == QW_Q4_PANEL) {
         Q4(q4p_gemm);
@@ -801,7 +820,9 @@ def _self_check(kernels: QuantKernels) -> None:
     q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
     wp = torch.randn(3 * kernels.panel_lanes, 128, generator=gen)  # an odd number of panels: pairs and a single one
     panel = [quantize_int4(wp, g).with_order("panel", kernels.panel_lanes) for g in (32, 64)]
-    for qw in (*q4, *(q.with_order("x8") for q in q4), *panel, quantize_int8(w, 16), quantize_int8(w, 32)):
+    q8_symmetric = replace(quantize_int8(w, 32), mins=None)  # GGUF's Q8_0 / Q6_K: no mins
+    for qw in (*q4, *(q.with_order("x8") for q in q4), *panel, quantize_int8(w, 16), quantize_int8(w, 32),
+               q8_symmetric):
         dense = qw.dequantize()
         if not torch.equal(kernels.gemm(torch.eye(qw.in_features), qw), dense.T):  # x = I: y = W^T, exactly
             raise RuntimeError(f"{qw.source} dequantization disagrees with torch")

@@ -5,7 +5,7 @@
 | unset | a GGUF model: its own blocks (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K) through the kernels; a float checkpoint: `--dtype` |
 | `gguf` | the GGUF's own blocks (an error for a float checkpoint) |
 | `float` | float weights in `--dtype` (a GGUF is dequantized, the pre-issue-17 behaviour) |
-| `int8`, TGI's `eetq` and `bitsandbytes` | int8 weight-only, symmetric, groups of 32 (Q8_0's layout) |
+| `int8`, TGI's `eetq` and `bitsandbytes` | int8 weight-only, groups of 32, asymmetric or symmetric per group |
 | `int4` | int4 weight-only, asymmetric, groups of 32 (Q4_1's layout); LM head int8 |
 
 TGI's other values (awq, gptq, marlin, exl2, fp8, compressed-tensors, bitsandbytes-nf4/fp4) need
