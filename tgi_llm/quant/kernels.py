@@ -146,6 +146,9 @@ static inline __attribute__((always_inline)) void q4_row(
     UNROLL for (int m = 0; m < MTC; m++) y[m * ldy] = vsum(acc[m]) + msum[m];
 }
 
+#ifndef Q8_PF
+#define Q8_PF 2048
+#endif
 /* as q4_row; mn (a min per group, asymmetric int8) may be NULL */
 static inline __attribute__((always_inline)) void q8_row(
     const int8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t g,
@@ -160,6 +163,7 @@ static inline __attribute__((always_inline)) void q8_row(
         UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int i = 0; i < P; i++) s[m][i] = vzero();
         for (int64_t c = gi * g; c < (gi + 1) * g; c += 16) {
             V w[16 / VL];
+            if (Q8_PF) __builtin_prefetch(q + c + Q8_PF, 0, 0);
             unpack_q8(q + c, w);
             UNROLL for (int i = 0; i < 16 / VL; i++)
                 UNROLL for (int m = 0; m < MTC; m++)
