@@ -35,3 +35,35 @@ def test_the_kv_pool_costs_memory_only_where_used(tiny_model_factory):
     assert resident_bytes(k) >= k[:64].numel() * 4
     assert torch.equal(k[64:128], torch.zeros_like(k[64:128]))  # fresh memory reads as zeros
     assert account(model, caches).other >= 0
+
+
+def test_the_engine_hands_load_time_garbage_back_before_serving(tiny_llama_dir, monkeypatch):
+    """Quantizing on load frees float copies into glibc's heap; the builder trims it before the first request."""
+    import tgi_llm.memory
+    from tgi_llm import LLM
+
+    trims = []
+    monkeypatch.setattr(tgi_llm.memory, "libc_trim", lambda: lambda: trims.append(1) or 1)
+    with LLM(str(tiny_llama_dir), quantize="int8", kv_cache_memory_gb=0.01) as llm:
+        assert trims == [1]
+        assert llm.generate([[1, 5, 7]], {"max_new_tokens": 2, "ignore_eos": True})[0].generated_tokens == 2
+
+
+def _file_mappings(path) -> list[tuple[int, int]]:
+    spans = []
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            if line.rstrip().endswith(str(path)):
+                start, end = line.split()[0].split("-")
+                spans.append((int(start, 16), int(end, 16)))
+    return spans
+
+
+def test_a_quantized_model_keeps_nothing_of_its_float_file_mapped(tiny_model_factory):
+    """A norm weight left as a view of safetensors' mapping would keep the whole float file resident."""
+    model_dir = tiny_model_factory("llama")
+    model, _ = load_model(model_dir, quantization=Quantization("int8", 32))
+    spans = _file_mappings(model_dir.resolve() / "model.safetensors")
+    kept = [name for name, p in model.named_parameters() if any(a <= p.data_ptr() < b for a, b in spans)]
+    assert kept == []
+    assert model.layers[0].input_norm.weight.abs().sum() > 0  # the copies hold the values

@@ -9,8 +9,10 @@ resident memory minus the resident weights and KV pages (Python, torch, kernels,
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
 import logging
 import mmap
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -94,3 +96,17 @@ def account(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
     rss = rss_bytes()
     return MemoryAccount(weight_bytes(model), sum(t.numel() * t.element_size() for t in kv),
                          sum(resident_bytes(t) for t in kv), rss)
+
+
+def libc_trim() -> Callable[[], int] | None:
+    """glibc's malloc_trim(0): hands the free memory of the heaps back to the OS (None without glibc)."""
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return None
+    if trim is None:
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)

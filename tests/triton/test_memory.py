@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tgi_llm.triton.memory import IdleTrim, _libc_trim
+from tgi_llm.memory import libc_trim
+from tgi_llm.triton.memory import IdleTrim
 
 
 def test_trims_once_each_time_the_engine_falls_idle():
@@ -14,5 +15,5 @@ def test_trims_once_each_time_the_engine_falls_idle():
 
 
 def test_glibc_malloc_trim_is_found_and_callable():
-    trim = _libc_trim()
+    trim = libc_trim()
     assert trim is not None and trim() in (0, 1)  # Linux with glibc, as the server runs

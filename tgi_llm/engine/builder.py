@@ -112,8 +112,13 @@ def _build_engine(opts: EngineOptions) -> Engine:
                                                         frozenset(eos))
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
-    from tgi_llm.memory import account
+    from tgi_llm.memory import account, libc_trim
 
+    # Loading freed what it made on the way (float copies a quantized model was made from, a GGUF's
+    # dequantized tensors: ~1.4 GB for SmolLM2 with --quantize int8) into glibc's heap, which keeps it
+    # resident until trimmed: give it back before the first request, not after the first burst.
+    if device.type == "cpu" and (trim := libc_trim()) is not None:
+        trim()
     engine.memory_account = lambda: account(model, kv_caches)  # rank 0's process; ranks log their own
     logger.info("memory: %s", engine.memory_account().describe())
     if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too

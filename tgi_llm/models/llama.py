@@ -329,6 +329,11 @@ def load_model(
                          "(use --quantize float for float weights in that dtype)")
     model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
     model = model.to(device=device, dtype=dtype).eval()
+    if weights.quantized:
+        # safetensors hands out views of its file mapping; a norm weight kept as one keeps the whole file
+        # resident (540 MB of float32 pages for SmolLM2 that quantizing read once). Own copies instead.
+        for p in model.parameters():
+            p.data = p.data.clone()
     if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears()):
         logger.info(chosen)
     prepare_cpu_attention(device, dtype)

@@ -9,32 +9,19 @@ back between bursts, at no cost while requests run.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 from collections.abc import Callable
 
+from tgi_llm.memory import libc_trim
+
 logger = logging.getLogger(__name__)
-
-
-def _libc_trim() -> Callable[[], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):  # not glibc
-        return None
-    if trim is None:
-        return None
-    trim.argtypes = [ctypes.c_size_t]
-    trim.restype = ctypes.c_int
-    return lambda: trim(0)
 
 
 class IdleTrim:
     """`observe(busy)` after each look at the engine: trims once on each busy -> idle transition."""
 
     def __init__(self, trim: Callable[[], int] | None = None) -> None:
-        self._trim = trim if trim is not None else _libc_trim()
+        self._trim = trim if trim is not None else libc_trim()
         self._busy_since_trim = False
         self.trims = 0
 
