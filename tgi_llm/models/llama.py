@@ -81,9 +81,10 @@ def _has_avx512() -> bool:
 
 def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
     """The C kernels for float32 linears on this CPU, or None for oneDNN's packed ones (a rule per ISA,
-    measured: docs/PERFORMANCE.md item 14). Without AVX-512 ours stream plain weights ~1.5x faster than
-    oneDNN at 1-4 rows and match it from 32 (Zen 3); with AVX-512 oneDNN measured 2.3x faster than MKL and
-    ours were not measured there. TGI_LLM_FLOAT_LINEARS=c or onednn overrides the rule."""
+    measured: docs/PERFORMANCE.md item 14). Without AVX-512 ours stream plain weights 1.2-1.3x faster than
+    oneDNN at 1-4 rows, within 6% of it at 8-512 (Zen 3), and they let the fused decode stack take float
+    models; with AVX-512 oneDNN measured 2.3x faster than MKL and ours were not measured there.
+    TGI_LLM_FLOAT_LINEARS=c or onednn overrides the rule."""
     choice = os.environ.get("TGI_LLM_FLOAT_LINEARS", "auto")
     if dtype != torch.float32 or choice == "onednn" or (choice != "c" and _has_avx512()):
         return None
