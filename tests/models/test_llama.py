@@ -219,3 +219,14 @@ def test_tiny_llama_dir_is_a_complete_untied_model(tiny_llama_dir, paged_batcher
     ids = tokenizer("The tiny model speaks")["input_ids"]
     got = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=8)).step([(0, ids)])[0]
     assert rel_err(got, reference_logits(reference_model(tiny_llama_dir), ids)) < 1e-4
+
+
+def test_a_quantized_model_has_no_float_linears_to_place(tiny_model_factory, caplog):
+    import logging
+
+    from tgi_llm.quant.modes import Quantization
+
+    with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
+        model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
+    assert model.float_kernels is None and model.lm_head_desc is None and model.lm_head_packed is None
+    assert not any("float32 linears" in m or "packed for oneDNN" in m for m in caplog.messages)

@@ -223,6 +223,8 @@ class LlamaForCausalLM(nn.Module):
         the C kernels on their plain weights, or oneDNN's packed layout (`float_linear_kernels`). Returns
         what was chosen, for the log, or None (F.linear)."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
+        if not linears and self.lm_head_quant is not None:
+            return None  # every linear is quantized: nothing float to place
         kernels = float_linear_kernels(self.dtype) if self.device.type == "cpu" else None
         if kernels is not None and all(m.use_kernels(kernels) for m in linears):
             if self.lm_head_quant is None and self.lm_head.shape[1] % 16 == 0:
