@@ -25,6 +25,7 @@ from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.fused_decode import library as fused_decode_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
+from tgi_llm.native_build import cpu_id
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
@@ -71,14 +72,6 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _has_avx512() -> bool:
-    try:
-        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-    except OSError:
-        return False
-    return "avx512f" in flags.split()
-
-
 def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
     """The C kernels for float32 linears on this CPU, or None for oneDNN's packed ones (a rule per ISA,
     measured: docs/PERFORMANCE.md item 14). Without AVX-512 ours stream plain weights 1.2-1.3x faster than
@@ -86,7 +79,7 @@ def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
     models; with AVX-512 oneDNN measured 2.3x faster than MKL and ours were not measured there.
     TGI_LLM_FLOAT_LINEARS=c or onednn overrides the rule."""
     choice = os.environ.get("TGI_LLM_FLOAT_LINEARS", "auto")
-    if dtype != torch.float32 or choice == "onednn" or (choice != "c" and _has_avx512()):
+    if dtype != torch.float32 or choice == "onednn" or (choice != "c" and "avx512f" in cpu_id().split()):
         return None
     return quant_kernels()
 

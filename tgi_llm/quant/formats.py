@@ -195,6 +195,14 @@ def _scale_dtype(scales: torch.Tensor, *others: torch.Tensor) -> torch.dtype:
     return torch.float16 if all(t.abs().max() < 6e4 for t in (scales, *others)) else torch.float32
 
 
+def _round_to_grid(w: torch.Tensor, scale: torch.Tensor, base: torch.Tensor, low: int
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes in [low, 127] of groups w [N, G, g] on the grid base + q * scale, and each group's squared error."""
+    scale, base = scale.float()[..., None], base.float()[..., None]
+    q = torch.round((w - base) / scale).clamp(low, 127)
+    return q, (q * scale + base - w).square().sum(-1)
+
+
 def quantize_int8(weight: torch.Tensor, group: int | None = None) -> QuantizedWeight:
     """int8 per group along K (per output channel when group is None), w = q * scale + min, each group on
     whichever of two grids reproduces it with the smaller squared error:
@@ -210,14 +218,12 @@ def quantize_int8(weight: torch.Tensor, group: int | None = None) -> QuantizedWe
     w = weight.detach().float().reshape(n, k // group, group)
     lo, hi, absmax = w.amin(-1), w.amax(-1), w.abs().amax(-1)
     dtype = _scale_dtype(lo, hi)
-    grids = []
-    for step, low, high, zero in (((hi - lo) / 255.0, -128, 127, None), (absmax / 127.0, -127, 127, 0.0)):
-        scale = step.clamp(min=1e-12).to(dtype)
-        base = torch.zeros_like(scale) if zero is not None else (lo + 128.0 * scale.float()).to(dtype)
-        q = torch.round((w - base.float()[..., None]) / scale.float()[..., None]).clamp(low, high)
-        error = (q * scale.float()[..., None] + base.float()[..., None] - w).square().sum(-1)
-        grids.append((q, scale, base, error))
-    (qa, sa, ba, ea), (qs, ss, bs, es) = grids
+    sa = ((hi - lo) / 255.0).clamp(min=1e-12).to(dtype)  # asymmetric: scale, and the min at q = 0
+    ba = (lo + 128.0 * sa.float()).to(dtype)
+    ss = (absmax / 127.0).clamp(min=1e-12).to(dtype)  # symmetric: min 0
+    bs = torch.zeros_like(ss)
+    qa, ea = _round_to_grid(w, sa, ba, -128)
+    qs, es = _round_to_grid(w, ss, bs, -127)
     symmetric = es <= ea  # [N, G]
     codes = torch.where(symmetric[..., None], qs, qa).to(torch.int8).reshape(n, k)
     scales, mins = torch.where(symmetric, ss, sa), torch.where(symmetric, bs, ba)

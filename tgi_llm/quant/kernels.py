@@ -595,8 +595,6 @@ static inline VU pload(const uint8_t* p) { VU v; memcpy(&v, p, sizeof v); return
 static inline __attribute__((always_inline)) V pcode(const VU w, const int i) {
     return (V)__builtin_convertvector((VI)((w >> (4 * i)) & 15u), VF);
 }
-/* VL scales (or mins) from index i, as float32 */
-
 /* Few activation rows: per group, part = sum(q * x) in each lane (one output row), then
    acc += scale * part + min * (sum of x over the group). Two panels per pass: each broadcast x feeds two FMAs. */
 /* Codes are prefetched this far ahead: at one token the kernel streams the whole model from DRAM, and the
