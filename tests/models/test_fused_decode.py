@@ -1,4 +1,4 @@
-"""The fused decode stack (one C call for every layer of a decode step) against the torch layers."""
+"""The fused layer stack (one C call for every layer of a decode or mixed step) against the torch layers."""
 
 from __future__ import annotations
 
@@ -63,7 +63,8 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         decode_steps += attn.is_pure_decode
     stack = fused._fused[1]
-    assert isinstance(stack, FusedDecode) and stack.agrees is True  # it ran (and its first step was checked)
+    assert isinstance(stack, FusedDecode) and stack.agrees is True  # it ran (and its first steps were checked)
+    assert stack.checked == {"decode", "mixed"}
     assert reference._fused[1] is None
     for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):  # the K/V it wrote, in the same slots
         torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-5)
@@ -112,3 +113,24 @@ def test_the_engine_uses_it_and_closing_frees_the_caches_it_holds(tiny_llama_dir
         caches, stack = model._fused
         assert stack is not None and stack.agrees is True and caches is llm.engine.runner.kv_caches
     assert model._fused is None
+
+
+def test_a_step_with_a_decode_after_a_prompt_chunk_keeps_the_torch_layers(tiny_model_factory, paged_batcher,
+                                                                          monkeypatch):
+    model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
+    reference, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
+    kv, reference_kv = _caches(model), _caches(reference)
+    batcher = paged_batcher(block_size=4, num_blocks=96)
+    for chunks in ([(0, [5, 6, 7]), (1, [9, 10])], [(0, [8]), (1, [11])]):  # prompts, then a decode step
+        ids, positions, attn = batcher.step(chunks)
+        model(ids, positions, kv, attn)
+        reference(ids, positions, reference_kv, attn)
+    stack = model._fused[1]
+    assert stack.checked == {"decode", "mixed"}
+    calls = []
+    monkeypatch.setattr(FusedDecode, "_run", lambda self, *a: calls.append(1))
+    ids, positions, attn = batcher.step([(2, [3, 4, 5]), (0, [12])])  # the decode comes second
+    got = model(ids, positions, kv, attn)
+    monkeypatch.setenv("TGI_LLM_FUSED_DECODE", "0")
+    want = reference(ids, positions, reference_kv, attn)
+    assert calls == [] and torch.equal(got, want)  # the torch layers, exactly as with the stack off

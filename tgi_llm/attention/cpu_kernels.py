@@ -345,7 +345,7 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
 #: The decode kernel keeps 16 partial vectors per query head on the stack.
 _MAX_QUERY_HEADS = 256
 #: Query heads per KV head the prefill kernel's work items hold (MAXQ in the C source).
-_MAX_PREFILL_GROUP = 48
+MAX_PREFILL_GROUP = 48
 #: Keys per tile of the prefill kernel (KT in the C source).
 _KEY_TILE = 16
 
@@ -367,6 +367,8 @@ class CpuAttentionKernels:
         self._prefill = lib.paged_prefill_f32
         self._prefill.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64] + [ptr] * 6 + [i64] * 5 + [f32, i32]
         self._prefill.restype = ctypes.c_int
+        #: `paged_prefill_f32`'s address, for C callers (the fused layer stack)
+        self.prefill_address = ctypes.cast(self._prefill, ctypes.c_void_p).value
         self._lib = lib
         #: Prompt chunks through the prefill kernel (True) or SDPA (False): measured at load (_choose_prefill).
         self.prefill_wins = True
@@ -412,8 +414,8 @@ class CpuAttentionKernels:
 
     @staticmethod
     def supports_prefill(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-        """The prefill kernel's work items hold at most _MAX_PREFILL_GROUP query heads per KV head."""
-        return CpuAttentionKernels.supports(q, k_cache) and q.shape[1] // k_cache.shape[-2] <= _MAX_PREFILL_GROUP
+        """The prefill kernel's work items hold at most MAX_PREFILL_GROUP query heads per KV head."""
+        return CpuAttentionKernels.supports(q, k_cache) and q.shape[1] // k_cache.shape[-2] <= MAX_PREFILL_GROUP
 
     def prefill(
         self,
@@ -432,14 +434,7 @@ class CpuAttentionKernels:
         q = q if _rows_ok(q) else q.contiguous()
         _, block_size, kv_heads, dim = k_cache.shape
         tables = block_tables.to(torch.int32).contiguous()
-        padded = [-(-s.context_len // _KEY_TILE) * _KEY_TILE for s in sequences]  # keys go in tiles
-        offsets = [0]
-        for n in padded[:-1]:
-            offsets.append(offsets[-1] + n * kv_heads * dim)
-        meta = torch.tensor([[s.table_row for s in sequences], [s.first_row for s in sequences],
-                             [s.num_queries for s in sequences], [s.context_len for s in sequences], offsets],
-                            dtype=torch.int64)
-        key_tiles = torch.empty(sum(padded) * kv_heads * dim, dtype=torch.float32)
+        meta, key_tiles = prefill_arguments(sequences, kv_heads, dim)
         failed = self._prefill(
             q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
             tables.shape[1], *(row.data_ptr() for row in meta), key_tiles.data_ptr(), len(sequences), q.shape[1],
@@ -447,6 +442,19 @@ class CpuAttentionKernels:
         )
         if failed:
             raise MemoryError("prefill attention kernel: no memory for its per-thread scratch")
+
+
+def prefill_arguments(sequences: list[PrefillSequence], kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `paged_prefill_f32` takes for these sequences: [5, S] int64 rows (table rows, first query rows,
+    query counts, context lengths, offsets into the key scratch) and that scratch (keys go in tiles)."""
+    padded = [-(-s.context_len // _KEY_TILE) * _KEY_TILE for s in sequences]
+    offsets = [0]
+    for n in padded[:-1]:
+        offsets.append(offsets[-1] + n * kv_heads * dim)
+    meta = torch.tensor([[s.table_row for s in sequences], [s.first_row for s in sequences],
+                         [s.num_queries for s in sequences], [s.context_len for s in sequences], offsets],
+                        dtype=torch.int64)
+    return meta, torch.empty(sum(padded) * kv_heads * dim, dtype=torch.float32)
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,26 @@
-"""A decode step's whole layer stack in one C call, for Llama-family models on the CPU.
+"""A step's whole layer stack in one C call, for Llama-family models on the CPU.
 
 At a few rows the decoder layer's work is small next to what it costs to reach it from Python: each layer
 runs ~25 torch ops and 4 ctypes calls, and at one token that dispatch was ~60% of the step (py-spy on
 SmolLM2-135M, Zen 3), with the second core idle meanwhile. Here the norms, rope, the K/V write, the
 SiLU gate and the residual adds are small C loops, and the linears and attention are the same compiled
-kernels the torch path calls (`quant_apply` of quant/kernels.py, `paged_decode_f32` of
-attention/cpu_kernels.py), reached through their addresses. Same weights, same kernels, same arithmetic
+kernels the torch path calls (`quant_apply` of quant/kernels.py, `paged_decode_f32` and `paged_prefill_f32`
+of attention/cpu_kernels.py), reached through their addresses. Same weights, same kernels, same arithmetic
 order in the matmuls; the norms, rope and SiLU differ from torch's only in rounding.
 
-Only pure-decode steps of a single-shard float32 CPU model whose linears all run on `quant_apply` take it
-(quantized ones, or float32 ones where the C kernels serve them: models/llama.py `float_linear_kernels`);
-a step with prompt tokens runs the torch layers. The first fused step is checked against the torch layers on
-the live model (the torch result is kept, and a mismatch turns the fused path off with a warning).
-TGI_LLM_FUSED_DECODE=0 switches it off.
+Decode steps take it, and so do steps that mix decodes with prompt chunks (decodes first, as the scheduler
+orders them) where the prefill attention kernel serves prompts: at 135 rows the torch layers' elementwise
+ops and dispatch were ~11% of a mixed step (15 decodes + a 120-token chunk: 220 -> 195 ms, Zen 3). Only a
+single-shard float32 CPU model whose linears all run on `quant_apply` (quantized ones, or float32 ones where
+the C kernels serve them: models/llama.py `float_linear_kernels`). The first fused step of each kind
+(decode, mixed) is checked against the torch layers on the live model (the torch result is kept, and a
+mismatch turns the fused path off with a warning). TGI_LLM_FUSED_DECODE=0 switches it off.
 """
 
 from __future__ import annotations
 
 import ctypes
+import itertools
 import logging
 import os
 import threading
@@ -26,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+from tgi_llm.attention.cpu_kernels import MAX_PREFILL_GROUP, PrefillSequence, cpu_attention_kernels, prefill_arguments
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.native_build import BASE_FLAGS, build_library
@@ -52,6 +55,19 @@ typedef void (*attention_fn)(const float* q, const float* kc, const float* vc, c
                              const int32_t* seq_lens, float* out, float* scores, int64_t B, int64_t Hq,
                              int64_t Hkv, int64_t D, int64_t BS, int64_t W, int64_t stride, float scale,
                              int nthreads);
+/* paged_prefill_f32 of attention/cpu_kernels.py */
+typedef int (*prefill_fn)(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                          const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                          const int64_t* qlen, const int64_t* klen, const int64_t* ktoff, float* kt, int64_t S,
+                          int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads);
+
+/* The prompt chunks of a step, as paged_prefill_f32 takes them (S = 0: a decode step) */
+typedef struct {
+    prefill_fn run;
+    int64_t S;
+    const int64_t *trow, *qstart, *qlen, *klen, *ktoff;
+    float* kt; /* scratch for the transposed keys */
+} prompts_t;
 
 /* as RMSNorm.forward: x * rsqrt(mean(x^2) + eps), then times the weight */
 static void rmsnorm(const float* restrict x, const float* restrict w, float* restrict out, int64_t M, int64_t H,
@@ -103,15 +119,16 @@ static void add_rows(float* restrict h, const float* restrict d, int64_t n) {
 }
 
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
-   cos/sin [M, D]; slots [M] int64; tables [M, W] int32; seq_lens [M] int32 (after this token).
+   cos/sin [M, D]; slots [M] int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W],
+   seq_lens [B] int32 (after this token). Rows [B, M) are the prompt chunks of `prompts`.
    Returns 0, or -1 if scratch memory could not be had. */
-int decode_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn attention, float* hidden,
-                 float* out, const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D,
-                 int64_t I, const float* cos, const float* sin, const int64_t* slots, const int32_t* tables,
-                 int64_t W, const int32_t* seq_lens, int64_t BS, int64_t stride, float scale, float eps,
-                 int64_t gemm_min, int nthreads) {
+int layer_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn attention, const prompts_t* prompts,
+                float* hidden, float* out, const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv,
+                int64_t D, int64_t I, const float* cos, const float* sin, const int64_t* slots,
+                const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens, int64_t BS, int64_t stride,
+                float scale, float eps, int64_t gemm_min, int nthreads) {
     const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D;
-    const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I + Hq * stride);
+    const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I) + B * Hq * stride;
     float* scratch = malloc(floats * sizeof(float));
     if (!scratch) return -1;
     float *normed = scratch, *qkv = normed + M * H, *q = qkv + M * QKV, *att = q + M * Hq * D,
@@ -127,8 +144,15 @@ int decode_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn 
             for (int64_t h = 0; h < Hkv; h++) rope_row(row + (Hq + h) * D, c, s, kdst + h * D, D);
             memcpy(ly->v_cache + slots[m] * tok, row + (Hq + Hkv) * D, tok * sizeof(float));
         }
-        attention(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, M, Hq, Hkv, D, BS, W, stride, scale,
-                  nthreads);
+        if (B)
+            attention(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride, scale,
+                      nthreads);
+        if (prompts->S && prompts->run(q, Hq * D, att, ly->k_cache, ly->v_cache, tables, W, prompts->trow,
+                                       prompts->qstart, prompts->qlen, prompts->klen, prompts->ktoff, prompts->kt,
+                                       prompts->S, Hq, Hkv, D, BS, scale, nthreads)) {
+            free(scratch);
+            return -1;
+        }
         apply(ly->o, att, Hq * D, proj, H, M, gemm_min, nthreads);
         add_rows(hidden, proj, M * H);
         rmsnorm(hidden, ly->post_norm, normed, M, H, eps);
@@ -147,6 +171,12 @@ int decode_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn 
 _FLAGS = (*BASE_FLAGS, "-ffp-contract=off")
 
 
+class _Prompts(ctypes.Structure):
+    _fields_ = [("run", ctypes.c_void_p), ("S", ctypes.c_int64), ("trow", ctypes.c_void_p),
+                ("qstart", ctypes.c_void_p), ("qlen", ctypes.c_void_p), ("klen", ctypes.c_void_p),
+                ("ktoff", ctypes.c_void_p), ("kt", ctypes.c_void_p)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
                 ("down", ctypes.c_void_p), ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
@@ -161,9 +191,9 @@ _tried = False
 def load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    lib.decode_stack.argtypes = ([p, i64, p, p, p, p, p] + [i64] * 6 + [p] * 4 + [i64, p] + [i64] * 2
-                                 + [ctypes.c_float] * 2 + [i64, ctypes.c_int])
-    lib.decode_stack.restype = ctypes.c_int
+    lib.layer_stack.argtypes = ([p, i64, p, p, p, p, p, p] + [i64] * 6 + [p] * 4 + [i64, i64, p] + [i64] * 2
+                                + [ctypes.c_float] * 2 + [i64, ctypes.c_int])
+    lib.layer_stack.restype = ctypes.c_int
     return lib
 
 
@@ -231,10 +261,13 @@ class FusedDecode:
                    k.data_ptr(), v.data_ptr())
             for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
         self._apply = quant_kernels().apply_address
-        self._attention = cpu_attention_kernels().decode_address
+        attention = cpu_attention_kernels()
+        self._attention = attention.decode_address
+        self._attention_kernels = attention
         self.block_size = kv_caches[0][0].shape[1]
-        #: None until the first step was compared with the torch layers; then whether they agreed.
+        #: None until a first step was compared with the torch layers; then whether they agreed.
         self.agrees: bool | None = None
+        self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
 
     @classmethod
     def build(cls, model, kv_caches) -> FusedDecode | None:
@@ -243,15 +276,29 @@ class FusedDecode:
         if lib is None:
             logger.info("fused decode: off (%s)", reason or "no library")
             return None
-        logger.info("fused decode: on (decode steps run the layer stack in one C call)")
+        logger.info("fused decode: on (decode steps, and steps mixing decodes with prompt chunks, run the "
+                    "layer stack in one C call)")
         return cls(lib, model, kv_caches)
+
+    def takes(self, attn: AttentionMetadata, num_tokens: int) -> bool:
+        """Whether this step can run here: decodes only, or decodes first and then prompt chunks (the
+        scheduler's order) where the prefill attention kernel serves the prompts (it measured faster than
+        SDPA at load, and holds this many query heads per KV head)."""
+        if attn.is_pure_decode:
+            return num_tokens == attn.num_seqs
+        if not (self._attention_kernels.prefill_wins and self.heads // self.kv_heads <= MAX_PREFILL_GROUP):
+            return False
+        lens = attn.query_lens_cpu
+        decodes = _leading_decodes(lens)
+        return all(n > 1 for n in lens[decodes:])
 
     def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata,
             reference: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """Final-norm hidden states [M, H] of M decode tokens (`hidden`: their embeddings, overwritten);
-        `reference()` computes the same through the torch layers, used on the first call to check."""
-        if self.agrees is None:
-            return self._check(hidden, cos, sin, attn, reference)
+        """Final-norm hidden states [M, H] of the step's M tokens (`hidden`: their embeddings, overwritten);
+        `reference()` computes the same through the torch layers, used on the first step of each kind to check."""
+        kind = "decode" if attn.is_pure_decode else "mixed"
+        if kind not in self.checked:
+            return self._check(kind, hidden, cos, sin, attn, reference)
         return self._run(hidden, cos, sin, attn)
 
     def _run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
@@ -261,28 +308,49 @@ class FusedDecode:
         out = torch.empty_like(hidden)
         cos, sin = cos.contiguous(), sin.contiguous()
         tables = attn.block_tables.to(torch.int32).contiguous()
-        lens = attn.seq_lens.to(torch.int32).contiguous()
         slots = attn.slot_mapping.to(torch.int64).contiguous()
-        stride = -(-attn.max_seq_len // 16) * 16
-        failed = self._lib.decode_stack(
-            self._layers, len(self._layers), self._apply, self._attention, hidden.data_ptr(), out.data_ptr(),
-            self.final_norm.data_ptr(), m, self.hidden_size, self.heads, self.kv_heads, self.head_dim,
-            self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
-            tables.shape[1], lens.data_ptr(), self.block_size, stride, self.scale, self.eps, self.gemm_min,
-            torch.get_num_threads())
+        lens_cpu = attn.query_lens_cpu
+        decodes = _leading_decodes(lens_cpu)
+        lens = attn.seq_lens[:decodes].to(torch.int32).contiguous()
+        stride = -(-max(attn.seq_lens_cpu[:decodes], default=0) // 16) * 16
+        prompts = _Prompts()  # S = 0: none
+        if decodes < len(lens_cpu):
+            first_rows = list(itertools.accumulate(lens_cpu, initial=0))[:-1]
+            sequences = [PrefillSequence(start, n, seq_len, i) for i, (start, n, seq_len)
+                         in enumerate(zip(first_rows, lens_cpu, attn.seq_lens_cpu, strict=True)) if i >= decodes]
+            meta, key_tiles = prefill_arguments(sequences, self.kv_heads, self.head_dim)
+            prompts = _Prompts(self._attention_kernels.prefill_address, len(sequences),
+                               *(row.data_ptr() for row in meta), key_tiles.data_ptr())
+        failed = self._lib.layer_stack(
+            self._layers, len(self._layers), self._apply, self._attention, ctypes.byref(prompts), hidden.data_ptr(),
+            out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads, self.kv_heads,
+            self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
+            tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale, self.eps,
+            self.gemm_min, torch.get_num_threads())
         if failed:
             raise MemoryError("fused decode: no memory for its scratch buffers")
         return out
 
-    def _check(self, hidden, cos, sin, attn, reference) -> torch.Tensor:
+    def _check(self, kind: str, hidden, cos, sin, attn, reference) -> torch.Tensor:
         # The torch layers run second: the K/V they write (the same slots) are the ones kept.
         got = self._run(hidden.clone(), cos, sin, attn)
         want = reference()
         scale = max(1.0, want.abs().max().item())
         self.agrees = bool(torch.allclose(got, want, rtol=1e-3, atol=1e-3 * scale))
+        self.checked.add(kind)
         difference = (got - want).abs().max().item()
         if self.agrees:
-            logger.info("fused decode: agrees with the torch layers (max difference %.2e)", difference)
+            logger.info("fused decode: agrees with the torch layers on a %s step (max difference %.2e)", kind,
+                        difference)
         else:
-            logger.warning("fused decode: off, it disagrees with the torch layers (max difference %.2e)", difference)
+            logger.warning("fused decode: off, it disagrees with the torch layers on a %s step (max difference "
+                           "%.2e)", kind, difference)
         return want
+
+
+def _leading_decodes(query_lens: list[int]) -> int:
+    """How many sequences at the front of the step feed one token each (the scheduler puts decodes first)."""
+    n = 0
+    while n < len(query_lens) and query_lens[n] == 1:
+        n += 1
+    return n

@@ -263,10 +263,9 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.dtype)
         table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
         hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
-        if attn.is_pure_decode and input_ids.shape[0] == attn.num_seqs:
-            fused = self._fused_decode(kv_caches)
-            if fused is not None:
-                return fused.run(hidden, cos, sin, attn, lambda: self._layers(hidden, cos, sin, kv_caches, attn))
+        fused = self._fused_decode(kv_caches)
+        if fused is not None and fused.takes(attn, input_ids.shape[0]):
+            return fused.run(hidden, cos, sin, attn, lambda: self._layers(hidden, cos, sin, kv_caches, attn))
         return self._layers(hidden, cos, sin, kv_caches, attn)
 
     def _layers(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -280,7 +279,7 @@ class LlamaForCausalLM(nn.Module):
         self._fused = None
 
     def _fused_decode(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> FusedDecode | None:
-        """The C layer stack for decode steps (fused_decode.py), made for these caches on first use."""
+        """The C layer stack (fused_decode.py), made for these caches on first use."""
         if self._fused is None or self._fused[0] is not kv_caches:
             self._fused = (kv_caches, FusedDecode.build(self, kv_caches))
         fused = self._fused[1]
