@@ -196,7 +196,7 @@ class Engine:
             if seq.finish_reason is not None:
                 self._end(seq, self.postprocessor.final_event(seq))
         t3 = time.perf_counter()
-        self.scheduler.pacer.observe(plan.num_tokens, t3 - t0)
+        self.scheduler.pacer.observe(plan.num_tokens, sum(1 for s in plan.seqs if s.is_decode), t3 - t0)
         self._update_batch_gauges()
         self._record(plan, t1 - t0, t3 - t2, t2 - t1)
 

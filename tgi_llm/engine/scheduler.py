@@ -69,7 +69,7 @@ class Scheduler:
         prefills = [s for s in self.running.values() if s.num_computed < s.input_length]
         entries = [self._entry(s, 1) for s in decodes]
         # Prompts always move by at least a block, however many streams decode.
-        budget = max(self.pacer.budget(lim.max_batch_prefill_tokens, bool(decodes)) - len(entries),
+        budget = max(self.pacer.prompt_budget(lim.max_batch_prefill_tokens - len(entries), bool(decodes)),
                      min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
         for seq in prefills:
             if budget <= 0:
