@@ -11,7 +11,7 @@ import torch
 from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.llama import load_model
 from tgi_llm.quant.kernels import quant_kernels
-from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS
+from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, Q8_GEMM_MIN_TOKENS
 from tgi_llm.quant.modes import Quantization
 
 pytestmark = pytest.mark.skipif(quant_kernels() is None, reason="no C compiler: the fused stack needs the kernels")
@@ -43,10 +43,11 @@ def _steps(rng: random.Random, rows: int):
 
 @pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4"),
                                                ("llama", "float"), ("qwen2", "float")])
-@pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1, FLOAT_GEMM_MIN_TOKENS + 1])  # decode kernel / GEMM rows
+@pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1, Q8_GEMM_MIN_TOKENS + 1, FLOAT_GEMM_MIN_TOKENS + 1])
 def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, monkeypatch, model_type, mode, rows):
+    """At rows where each weight kind takes its decode kernel, and its GEMM."""
     if rows == FLOAT_GEMM_MIN_TOKENS + 1 and mode != "float":
-        pytest.skip("the quantized GEMM already runs at GEMM_MIN_TOKENS + 1 rows")
+        pytest.skip("the quantized GEMMs already run at fewer rows")
     monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "c")  # float32 weights on the C kernels on any CPU
     model_dir = tiny_model_factory(model_type)  # qwen2: q/k/v biases, which quant_apply adds
     fused, _ = load_model(model_dir, quantization=Quantization(mode))

@@ -35,7 +35,7 @@ from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.native_build import BASE_FLAGS, build_library
 from tgi_llm.native_vectors import VECTORS_C
 from tgi_llm.quant.kernels import quant_kernels
-from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, QuantLinear
+from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ _SOURCE = VECTORS_C + r"""
 
 typedef struct {
     const void *qkv, *o, *gate_up, *down; /* qweight_t of quant/kernels.py */
+    int64_t gemm_min[4]; /* rows from which each of them takes the GEMM (quant/linear.py gemm_min_tokens) */
     const float *input_norm, *post_norm;
     float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
 } layer_t;
@@ -126,7 +127,7 @@ int layer_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn a
                 float* hidden, float* out, const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv,
                 int64_t D, int64_t I, const float* cos, const float* sin, const int64_t* slots,
                 const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens, int64_t BS, int64_t stride,
-                float scale, float eps, int64_t gemm_min, int nthreads) {
+                float scale, float eps, int nthreads) {
     const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D;
     const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I) + B * Hq * stride;
     float* scratch = malloc(floats * sizeof(float));
@@ -136,7 +137,7 @@ int layer_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn a
     for (int64_t l = 0; l < L; l++) {
         const layer_t* ly = layers + l;
         rmsnorm(hidden, ly->input_norm, normed, M, H, eps);
-        apply(ly->qkv, normed, H, qkv, QKV, M, gemm_min, nthreads);
+        apply(ly->qkv, normed, H, qkv, QKV, M, ly->gemm_min[0], nthreads);
         for (int64_t m = 0; m < M; m++) {
             const float *row = qkv + m * QKV, *c = cos + m * D, *s = sin + m * D;
             float* kdst = ly->k_cache + slots[m] * tok;
@@ -153,12 +154,12 @@ int layer_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn a
             free(scratch);
             return -1;
         }
-        apply(ly->o, att, Hq * D, proj, H, M, gemm_min, nthreads);
+        apply(ly->o, att, Hq * D, proj, H, M, ly->gemm_min[1], nthreads);
         add_rows(hidden, proj, M * H);
         rmsnorm(hidden, ly->post_norm, normed, M, H, eps);
-        apply(ly->gate_up, normed, H, gu, 2 * I, M, gemm_min, nthreads);
+        apply(ly->gate_up, normed, H, gu, 2 * I, M, ly->gemm_min[2], nthreads);
         silu_mul(gu, act, M, I, nthreads);
-        apply(ly->down, act, I, proj, H, M, gemm_min, nthreads);
+        apply(ly->down, act, I, proj, H, M, ly->gemm_min[3], nthreads);
         add_rows(hidden, proj, M * H);
     }
     rmsnorm(hidden, final_norm, out, M, H, eps);
@@ -179,7 +180,8 @@ class _Prompts(ctypes.Structure):
 
 class _Layer(ctypes.Structure):
     _fields_ = [("qkv", ctypes.c_void_p), ("o", ctypes.c_void_p), ("gate_up", ctypes.c_void_p),
-                ("down", ctypes.c_void_p), ("input_norm", ctypes.c_void_p), ("post_norm", ctypes.c_void_p),
+                ("down", ctypes.c_void_p), ("gemm_min", ctypes.c_int64 * 4), ("input_norm", ctypes.c_void_p),
+                ("post_norm", ctypes.c_void_p),
                 ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
 
 
@@ -192,7 +194,7 @@ def load_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
     p, i64 = ctypes.c_void_p, ctypes.c_int64
     lib.layer_stack.argtypes = ([p, i64, p, p, p, p, p, p] + [i64] * 6 + [p] * 4 + [i64, i64, p] + [i64] * 2
-                                + [ctypes.c_float] * 2 + [i64, ctypes.c_int])
+                                + [ctypes.c_float] * 2 + [ctypes.c_int])
     lib.layer_stack.restype = ctypes.c_int
     return lib
 
@@ -251,15 +253,13 @@ class FusedDecode:
         self.scale, self.eps = first.scale, first.input_norm.eps
         self.hidden_size = model.config.hidden_size
         self.intermediate = first.gate_up.desc().N // 2
-        # float weights take the decode kernel up to more rows than codes do (quant/linear.py)
-        self.gemm_min = GEMM_MIN_TOKENS if isinstance(first.gate_up, QuantLinear) else FLOAT_GEMM_MIN_TOKENS
         self.final_norm = model.norm.weight.detach()
         self._layers = (_Layer * len(model.layers))(*(
-            _Layer(ctypes.addressof(layer.qkv.desc()), ctypes.addressof(layer.o_proj.desc()),
-                   ctypes.addressof(layer.gate_up.desc()), ctypes.addressof(layer.down.desc()),
+            _Layer(*(ctypes.addressof(d) for d in descs), (ctypes.c_int64 * 4)(*(gemm_min_tokens(d) for d in descs)),
                    layer.input_norm.weight.data_ptr(), layer.post_attention_norm.weight.data_ptr(),
                    k.data_ptr(), v.data_ptr())
-            for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
+            for layer, (k, v) in zip(model.layers, kv_caches, strict=True)
+            for descs in [[m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]]))
         self._apply = quant_kernels().apply_address
         attention = cpu_attention_kernels()
         self._attention = attention.decode_address
@@ -326,7 +326,7 @@ class FusedDecode:
             out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads, self.kv_heads,
             self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
             tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale, self.eps,
-            self.gemm_min, torch.get_num_threads())
+            torch.get_num_threads())
         if failed:
             raise MemoryError("fused decode: no memory for its scratch buffers")
         return out

@@ -29,7 +29,7 @@ from tgi_llm.native_build import cpu_id
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
-from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, QuantLinear
+from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
@@ -124,7 +124,7 @@ class Linear(nn.Module):
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         if self.kernels is not None and x.dim() == 2 and x.dtype == torch.float32:
-            return self.kernels.apply(x, self.desc(), FLOAT_GEMM_MIN_TOKENS)
+            return self.kernels.apply(x, self.desc(), gemm_min_tokens(self.desc()))
         return F.linear(x, self.weight, self.bias)
 
 

@@ -44,15 +44,15 @@ def held_out_sequences(tokenizer, count: int, length: int) -> list[list[int]]:
 
 @contextlib.contextmanager
 def kernels_at_every_length() -> Iterator[None]:
-    """Send every quantized linear through the decode kernel (not the GEMM kernel that 8 or more rows
+    """Send every quantized linear through the decode kernel (not the GEMM kernel that 10 or more rows
     take), so the comparison covers the decode kernel's factored arithmetic (scale and min applied per
     group); the GEMM multiplies the exactly dequantized weights, like the float reference."""
-    saved = quant_linear.GEMM_MIN_TOKENS
-    quant_linear.GEMM_MIN_TOKENS = 1 << 30
+    saved = quant_linear.GEMM_MIN_TOKENS, quant_linear.Q8_GEMM_MIN_TOKENS
+    quant_linear.GEMM_MIN_TOKENS = quant_linear.Q8_GEMM_MIN_TOKENS = 1 << 30
     try:
         yield
     finally:
-        quant_linear.GEMM_MIN_TOKENS = saved
+        quant_linear.GEMM_MIN_TOKENS, quant_linear.Q8_GEMM_MIN_TOKENS = saved
 
 
 def sequence_logits(model, config, ids: list[int], block_size: int = 16) -> torch.Tensor:

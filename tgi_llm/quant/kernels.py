@@ -740,6 +740,10 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 """
 
 
+#: `qweight_t.kind` of the C source (QW_*) for 8-bit codes and plain float32 weights.
+QW_Q8, QW_F32 = 2, 4
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -757,7 +761,7 @@ class WeightDesc(ctypes.Structure):
         if bias is not None:
             assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (w.out_features,)
         assert w.codes.is_contiguous() and w.scales.is_contiguous()
-        kind = 2 if w.kind == "q8" else {"gguf": 0, "x8": 1, "panel": 3}[w.order]
+        kind = QW_Q8 if w.kind == "q8" else {"gguf": 0, "x8": 1, "panel": 3}[w.order]
         return cls(kind, int(w.scales.dtype == torch.float16), w.group, w.out_features, w.in_features,
                    w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), _ptr(bias))
 
@@ -768,7 +772,7 @@ def dense_desc(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Weight
     assert weight.dtype == torch.float32 and weight.is_contiguous() and k % 16 == 0
     if bias is not None:
         assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (n,)
-    return WeightDesc(4, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
+    return WeightDesc(QW_F32, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
 
 
 class QuantKernels:

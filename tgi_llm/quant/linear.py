@@ -15,16 +15,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import WeightDesc, quant_kernels
+from tgi_llm.quant.kernels import QW_F32, QW_Q8, WeightDesc, quant_kernels
 
-#: Activation rows from which the GEMM kernel beats the decode kernel (docs/PERFORMANCE.md: 8 on Zen 3 for
-#: the panel order, the two equal there; the decode kernel's cost grows with every 3 rows, the GEMM's
-#: dequantization is fixed).
-GEMM_MIN_TOKENS = 8
+#: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
+#: item 17: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
+#: decode kernel's cost grows with every 3 rows, the GEMM's dequantization is fixed.
+GEMM_MIN_TOKENS = 10
+#: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte: equal at 14
+#: rows, the GEMM 51% slower at 8 (same measurement).
+Q8_GEMM_MIN_TOKENS = 14
 #: The same for plain float32 weights, which the decode kernel reads with no conversion and re-reads from
 #: L2 for every 4 rows: it beats the GEMM (which copies and transposes a panel per call) up to ~48 rows
 #: (all linears of SmolLM2-135M, Zen 3, docs/PERFORMANCE.md item 14).
 FLOAT_GEMM_MIN_TOKENS = 48
+
+
+def gemm_min_tokens(desc: WeightDesc) -> int:
+    """Rows from which `quant_apply` should take the GEMM for this weight (read at call time, so that
+    quant/accuracy.py can send every length through the decode kernels)."""
+    if desc.kind == QW_F32:
+        return FLOAT_GEMM_MIN_TOKENS
+    return Q8_GEMM_MIN_TOKENS if desc.kind == QW_Q8 else GEMM_MIN_TOKENS
+
+
 #: The torch fallback dequantizes at most this many float32 bytes at a time (the LM head alone is 113 MB).
 CHUNK_BYTES = 16 << 20
 
@@ -67,7 +80,7 @@ class QuantLinear(nn.Module):
 
     def _linear(self, x2: torch.Tensor) -> torch.Tensor:
         if self.kernels is not None:
-            return self.kernels.apply(x2, self.desc(), GEMM_MIN_TOKENS)
+            return self.kernels.apply(x2, self.desc(), gemm_min_tokens(self.desc()))
         n, k = self.qweight.shape
         y = torch.empty(x2.shape[0], n, dtype=torch.float32)
         step = max(1, CHUNK_BYTES // (4 * k))
