@@ -196,16 +196,16 @@ class Engine:
             if seq.finish_reason is not None:
                 self._end(seq, self.postprocessor.final_event(seq))
         t3 = time.perf_counter()
-        self.scheduler.pacer.observe(plan.num_tokens, sum(1 for s in plan.seqs if s.is_decode), t3 - t0)
+        decodes = sum(1 for s in plan.seqs if s.is_decode)
+        self.scheduler.pacer.observe(plan.num_tokens, decodes, t3 - t0)
         self._update_batch_gauges()
-        self._record(plan, t1 - t0, t3 - t2, t2 - t1)
+        self._record(plan, decodes, t1 - t0, t3 - t2, t2 - t1)
 
     def _update_batch_gauges(self) -> None:
         self._batch_size = len(self.scheduler.running)
         self._batch_max_tokens = self.scheduler.batch_max_tokens
 
-    def _record(self, plan: StepPlan, schedule_s: float, update_s: float, forward_s: float) -> None:
-        decodes = sum(1 for s in plan.seqs if s.is_decode)
+    def _record(self, plan: StepPlan, decodes: int, schedule_s: float, update_s: float, forward_s: float) -> None:
         masks = getattr(getattr(self.runner, "grammar", None), "mask_times_s", None)
         mask_s = 0.0
         while masks:

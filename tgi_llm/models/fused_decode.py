@@ -261,9 +261,7 @@ class FusedDecode:
             for layer, (k, v) in zip(model.layers, kv_caches, strict=True)
             for descs in [[m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]]))
         self._apply = quant_kernels().apply_address
-        attention = cpu_attention_kernels()
-        self._attention = attention.decode_address
-        self._attention_kernels = attention
+        self._attention = cpu_attention_kernels()
         self.block_size = kv_caches[0][0].shape[1]
         #: None until a first step was compared with the torch layers; then whether they agreed.
         self.agrees: bool | None = None
@@ -286,7 +284,7 @@ class FusedDecode:
         SDPA at load, and holds this many query heads per KV head)."""
         if attn.is_pure_decode:
             return num_tokens == attn.num_seqs
-        if not (self._attention_kernels.prefill_wins and self.heads // self.kv_heads <= MAX_PREFILL_GROUP):
+        if not (self._attention.prefill_wins and self.heads // self.kv_heads <= MAX_PREFILL_GROUP):
             return False
         lens = attn.query_lens_cpu
         decodes = _leading_decodes(lens)
@@ -319,13 +317,13 @@ class FusedDecode:
             sequences = [PrefillSequence(start, n, seq_len, i) for i, (start, n, seq_len)
                          in enumerate(zip(first_rows, lens_cpu, attn.seq_lens_cpu, strict=True)) if i >= decodes]
             meta, key_tiles = prefill_arguments(sequences, self.kv_heads, self.head_dim)
-            prompts = _Prompts(self._attention_kernels.prefill_address, len(sequences),
+            prompts = _Prompts(self._attention.prefill_address, len(sequences),
                                *(row.data_ptr() for row in meta), key_tiles.data_ptr())
         failed = self._lib.layer_stack(
-            self._layers, len(self._layers), self._apply, self._attention, ctypes.byref(prompts), hidden.data_ptr(),
-            out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads, self.kv_heads,
-            self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), tables.data_ptr(),
-            tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale, self.eps,
+            self._layers, len(self._layers), self._apply, self._attention.decode_address, ctypes.byref(prompts),
+            hidden.data_ptr(), out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads,
+            self.kv_heads, self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+            tables.data_ptr(), tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale, self.eps,
             torch.get_num_threads())
         if failed:
             raise MemoryError("fused decode: no memory for its scratch buffers")

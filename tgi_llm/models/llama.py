@@ -29,7 +29,7 @@ from tgi_llm.native_build import cpu_id
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
-from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, QuantLinear, gemm_min_tokens
+from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
@@ -291,7 +291,7 @@ class LlamaForCausalLM(nn.Module):
         if self.lm_head_quant is not None:
             return tp_ops.gather_vocab(self.lm_head_quant(hidden).float(), self.shard)
         if self.lm_head_desc is not None and hidden.dim() == 2 and hidden.dtype == torch.float32:
-            logits = self.float_kernels.apply(hidden, self.lm_head_desc, FLOAT_GEMM_MIN_TOKENS)
+            logits = self.float_kernels.apply(hidden, self.lm_head_desc, gemm_min_tokens(self.lm_head_desc))
             return tp_ops.gather_vocab(logits, self.shard)
         if self.lm_head_packed is not None:
             return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)

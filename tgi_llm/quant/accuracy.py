@@ -44,9 +44,9 @@ def held_out_sequences(tokenizer, count: int, length: int) -> list[list[int]]:
 
 @contextlib.contextmanager
 def kernels_at_every_length() -> Iterator[None]:
-    """Send every quantized linear through the decode kernel (not the GEMM kernel that 10 or more rows
-    take), so the comparison covers the decode kernel's factored arithmetic (scale and min applied per
-    group); the GEMM multiplies the exactly dequantized weights, like the float reference."""
+    """Send every quantized linear through the decode kernel (not the GEMM kernel that 10 or more rows take,
+    14 for 8-bit codes), so the comparison covers the decode kernel's factored arithmetic (scale and min
+    applied per group); the GEMM multiplies the exactly dequantized weights, like the float reference."""
     saved = quant_linear.GEMM_MIN_TOKENS, quant_linear.Q8_GEMM_MIN_TOKENS
     quant_linear.GEMM_MIN_TOKENS = quant_linear.Q8_GEMM_MIN_TOKENS = 1 << 30
     try:

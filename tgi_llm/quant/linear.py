@@ -18,7 +18,7 @@ from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import QW_F32, QW_Q8, WeightDesc, quant_kernels
 
 #: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
-#: item 17: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
+#: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
 #: decode kernel's cost grows with every 3 rows, the GEMM's dequantization is fixed.
 GEMM_MIN_TOKENS = 10
 #: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte: equal at 14
