@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -78,6 +80,24 @@ def test_panel_byte_order_holds_the_same_weights():
     assert (torch.equal(back.codes, w.codes) and torch.equal(back.scales, w.scales)
             and torch.equal(back.mins, w.mins))
     assert torch.equal(panel.with_order("x8").dequantize(), w.dequantize())
+    assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
+    assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
+    assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
+    with pytest.raises(ValueError, match="byte order"):
+        w.with_order("panel", 16)  # 24 rows: not whole panels of 16
+
+
+@pytest.mark.parametrize("mins", [True, False])
+def test_q8_panel_order_holds_the_same_weights(mins):
+    w = quantize_int8(torch.randn(24, 192, generator=torch.Generator().manual_seed(6)), 32)
+    w = w if mins else replace(w, mins=None)  # symmetric: GGUF's Q8_0
+    panel = w.with_order("panel", 8)
+    assert panel.codes.shape == w.codes.shape and not torch.equal(panel.codes, w.codes)
+    assert torch.equal(panel.codes.view(3, 192, 8)[1, 5], w.codes[8:16, 5])  # [N / 8][K][8]
+    assert torch.equal(panel.dequantize(), w.dequantize())
+    back = panel.with_order("gguf")
+    assert torch.equal(back.codes, w.codes) and torch.equal(back.scales, w.scales)
+    assert (back.mins is None) == (w.mins is None)
     assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
     assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
     assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))

@@ -13,11 +13,12 @@ from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
 kernel = kernels_mod.quant_kernels()
 needs_kernel = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
 LANES = kernel.panel_lanes if kernel is not None else 8
+Q8_LANES = kernel.q8_panel_lanes if kernel is not None else 16
 
 
-def whole_panels(w: torch.Tensor) -> torch.Tensor:
+def whole_panels(w: torch.Tensor, lanes: int = LANES) -> torch.Tensor:
     """w with rows added up to a multiple of the panel width (odd panel counts included: 33 -> 40 rows)."""
-    extra = -w.shape[0] % LANES
+    extra = -w.shape[0] % lanes
     return torch.cat([w, w[:1].expand(extra, -1) * 0.5]) if extra else w
 
 LAYOUTS = [
@@ -33,6 +34,11 @@ LAYOUTS = [
     ("int8 g32 fp32 scales", lambda w: quantize_int8(w * 1e5, 32)),
     ("symmetric q8 g32 (Q8_0)", lambda w: symmetric_q8(w, 32)),
     ("symmetric q8 g16 fp32 scales (Q6_K)", lambda w: symmetric_q8(w, 16, torch.float32)),
+    ("int8 g16 panel order", lambda w: quantize_int8(whole_panels(w, Q8_LANES), 16).with_order("panel", Q8_LANES)),
+    ("int8 g32 fp32 scales panel order",
+     lambda w: quantize_int8(whole_panels(w, Q8_LANES) * 1e5, 32).with_order("panel", Q8_LANES)),
+    ("symmetric q8 g32 panel order (Q8_0)",
+     lambda w: symmetric_q8(whole_panels(w, Q8_LANES), 32).with_order("panel", Q8_LANES)),
 ]
 
 

@@ -18,9 +18,10 @@ turns 8 codes into 8 lanes with two plain vector ops, no byte shuffles, which is
 GGUF-order kernel on AVX2 (its byte-to-lane widening runs on one shuffle port).
 
 The kernels' own order, ``panel`` (QuantLinear's choice when out_features is a multiple of the CPU's float
-lanes L): per L output rows and 8 consecutive k, L words, nibble i of word j = code(row j, k + i); scales
-and mins [N / L][G][L]. A vector op turns one word set into the codes of L rows at one k, which is the
-layout the GEMM micro-kernel multiplies, so nothing is transposed per call.
+lanes L): for q4, per L output rows and 8 consecutive k, L words, nibble i of word j = code(row j, k + i);
+for q8, per L output rows the codes k-major, [N / L][K][L]; scales and mins [N / L][G][L] for both. A
+vector op turns one load into the codes of L rows at one k, which is the layout the GEMM micro-kernel
+multiplies, so nothing is transposed per call.
 
 Scales are float16 where the source's are (GGUF's d and m) and float32 where a product of two scales
 is exact only there (K-quants). Dequantizing here is exact: the products q * scale are exact in float32
@@ -49,7 +50,7 @@ class QuantizedWeight:
     group: int
     in_features: int
     source: str = ""  # what it came from ("Q4_1", "int4", ...), for logs and the memory account
-    order: str = "gguf"  # q4 code byte order: "gguf" (as in the file), "x8" or "panel" (see above)
+    order: str = "gguf"  # code byte order: "gguf" (as in the file), "x8" (q4) or "panel" (see above)
     lanes: int = 0  # "panel" order: output rows per panel
 
     def __post_init__(self) -> None:
@@ -69,8 +70,8 @@ class QuantizedWeight:
                              f"{tuple(self.scales.shape)}")
         if self.order not in ("gguf", "x8", "panel") or (self.order == "x8" and (self.kind != "q4" or k % 64)):
             raise ValueError(f"byte order {self.order!r} is for q4 codes with in_features % 64 == 0")
-        if self.order == "panel" and (self.kind != "q4" or self.lanes <= 0 or n % self.lanes):
-            raise ValueError(f"byte order 'panel' is for q4 codes with out_features a multiple of {self.lanes} lanes")
+        if self.order == "panel" and (self.lanes <= 0 or n % self.lanes):
+            raise ValueError(f"byte order 'panel' is for out_features a multiple of {self.lanes} lanes")
         if self.mins is None and self.kind == "q4":
             raise ValueError("q4 needs mins")
         if self.mins is not None and (self.mins.shape != self.scales.shape or self.mins.dtype != self.scales.dtype):
@@ -122,8 +123,8 @@ class QuantizedWeight:
             q = w.q4_codes().view(n, k // g, g).float()
             scales, mins = w._row_major(w.scales), w._row_major(w.mins)
             return (q * scales.float()[..., None] + mins.float()[..., None]).view(n, k)
-        q = w.codes.view(n, k // g, g).float() * w.scales.float()[..., None]
-        return (q if w.mins is None else q + w.mins.float()[..., None]).view(n, k)
+        q = w.q8_codes().view(n, k // g, g).float() * w._row_major(w.scales).float()[..., None]
+        return (q if w.mins is None else q + w._row_major(w.mins).float()[..., None]).view(n, k)
 
 
     def _row_major(self, t: torch.Tensor) -> torch.Tensor:
@@ -132,6 +133,13 @@ class QuantizedWeight:
             return t
         n, g, lanes = t.shape[0], t.shape[1], self.lanes
         return t.view(n // lanes, g, lanes).transpose(1, 2).reshape(n, g)
+
+    def q8_codes(self) -> torch.Tensor:
+        """The q8 codes [N, K] in weight order."""
+        if self.order != "panel":
+            return self.codes
+        n, k, lanes = self.out_features, self.in_features, self.lanes
+        return self.codes.view(n // lanes, k, lanes).transpose(1, 2).reshape(n, k)
 
     def q4_codes(self) -> torch.Tensor:
         """The q4 codes one per byte, [N, K], in weight order."""
@@ -150,22 +158,29 @@ class QuantizedWeight:
         return torch.cat([packed & 15, packed >> 4], dim=-1).view(n, k)
 
     def with_order(self, order: str, lanes: int = 0) -> QuantizedWeight:
-        """The same q4 weight with its codes in `order` (same bytes, rearranged); "panel" takes `lanes`."""
+        """The same weight with its codes in `order` (same bytes, rearranged); "panel" takes `lanes`."""
         if order == self.order and (order != "panel" or lanes == self.lanes):
             return self
         n, k = self.codes.shape[0], self.in_features
         if order == "x8" and (self.kind != "q4" or k % 64):
             raise ValueError(f"byte order 'x8' is for q4 codes with in_features % 64 == 0, not {self.kind} {k}")
-        q = self.q4_codes()
+        q = self.q4_codes() if self.kind == "q4" else self.q8_codes()
         scales, mins = self._row_major(self.scales), None if self.mins is None else self._row_major(self.mins)
         if order == "panel":
-            if self.kind != "q4" or lanes <= 0 or n % lanes:
-                raise ValueError(f"byte order 'panel' is for q4 codes with out_features a multiple of {lanes}")
-            parts = q.view(n // lanes, lanes, k // 8, 8).permute(0, 2, 1, 3).to(torch.int64)
-            words = (parts << (4 * torch.arange(8))).sum(dim=-1)  # [N / L, K / 8, L]
-            codes = words.to(torch.int32).contiguous().view(torch.uint8).view(n, k // 2)
-            panel = lambda t: t.view(n // lanes, lanes, -1).transpose(1, 2).contiguous().view(n, -1)  # noqa: E731
+            if lanes <= 0 or n % lanes:
+                raise ValueError(f"byte order 'panel' is for out_features a multiple of {lanes}, not {n}")
+            if self.kind == "q4":
+                parts = q.view(n // lanes, lanes, k // 8, 8).permute(0, 2, 1, 3).to(torch.int64)
+                words = (parts << (4 * torch.arange(8))).sum(dim=-1)  # [N / L, K / 8, L]
+                codes = words.to(torch.int32).contiguous().view(torch.uint8).view(n, k // 2)
+            else:  # [N / L][K][L]
+                codes = q.view(n // lanes, lanes, k).transpose(1, 2).contiguous().view(n, k)
+            def panel(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t.view(n // lanes, lanes, -1).transpose(1, 2).contiguous().view(n, -1)
+
             return replace(self, codes=codes, scales=panel(scales), mins=panel(mins), order=order, lanes=lanes)
+        if self.kind == "q8":
+            return replace(self, codes=q.contiguous(), scales=scales, mins=mins, order=order, lanes=0)
         if order == "x8":
             parts = q.view(n, k // 64, 8, 8).to(torch.int64) << (4 * torch.arange(8).view(1, 1, 8, 1))
             words = parts.sum(dim=2)  # [n, k/64, 8]: word j = sum_i code(8i + j) << 4i

@@ -11,9 +11,9 @@ Two kernels, chosen by the number of activation rows (QuantLinear):
   group sums computed once per call); each row's codes are read once for up to 3-4 activation rows.
 - `gemm`, for batches and prefill chunks: each thread dequantizes a panel of weights into L1 (exactly as
   torch does), k-major, and a register-blocked micro-kernel multiplies it with all activation rows.
-q4 weights in the "panel" byte order (formats.py; VL output rows side by side, so one vector holds one k
-of VL rows) go through `q4p_linear` / `q4p_gemm`, which need no horizontal sums and no transposes; the
-others through the row-by-row kernels.
+q4 and q8 weights in the "panel" byte order (formats.py; VL output rows side by side, so one vector holds
+one k of VL rows) go through `q4p_linear` / `q8p_linear` / `panel_gemm`, which need no horizontal sums and
+no transposes; the others through the row-by-row kernels.
 Rows are split over OpenMP threads. The code uses AVX2 or AVX-512 intrinsics where -march=native
 (native_build) has them and GCC vectors elsewhere; float16 scales go through F16C where the CPU has it.
 
@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 _SOURCE = VECTORS_C + r"""
 #include <stdlib.h>
+
+/* qweight_t.kind (quant_apply, at the end): the weight's layout and byte order */
+enum { QW_Q4_GGUF = 0, QW_Q4_X8 = 1, QW_Q8 = 2, QW_Q4_PANEL = 3, QW_F32 = 4, QW_Q8_PANEL = 5 };
 
 #define NV (32 / VL) /* vectors per 32 weights */
 #define MT 4         /* activation rows per pass over a weight row */
@@ -673,20 +676,119 @@ __attribute__((noinline)) NO_FMA static void dequant_panels(
         }
 }
 
-void q4p_gemm(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
-              const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+/* ---- q8 codes in the "panel" order, NW (2 VL) output rows per panel: [N / NW][K][NW], scales and mins
+   [N / NW][G][NW]. Twice the q4 panel's width so that a thread streams one run of bytes (two VL-wide panels
+   read side by side were 14% slower at one row: two streams). ---- */
+int q8_panel_lanes(void) { return NW; }
+
+/* VL signed codes (one k of VL output rows) as floats */
+static inline __attribute__((always_inline)) V q8code(const int8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+#else
+    V v;
+    for (int l = 0; l < VL; l++) v[l] = (float)p[l];
+    return v;
+#endif
+}
+
+/* as q4p_rows over one q8 panel (two vectors of outputs); mn may be NULL (symmetric). At one activation
+   row each output vector keeps two partial sums (even and odd k): one FMA chain would be latency-bound. */
+static inline __attribute__((always_inline)) void q8p_rows(
+    const int8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t g, const int64_t G,
+    const float* restrict x, const int64_t ldx, const float* restrict xs, const int MTC, float* restrict y,
+    const int64_t ldy) {
+    const int PS = MTC == 1 ? 2 : 1;
+    V acc[PT][2];
+    UNROLL for (int m = 0; m < MTC; m++) acc[m][0] = acc[m][1] = vzero();
+    for (int64_t gi = 0; gi < G; gi++) {
+        V part[PT][2][2];
+        UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < 2; h++) UNROLL for (int j = 0; j < PS; j++)
+            part[m][h][j] = vzero();
+        for (int64_t k = gi * g; k < (gi + 1) * g; k += 4) {
+            UNROLL for (int b = 0; b < 4 * NW; b += 64) __builtin_prefetch(q + k * NW + b + PF_BYTES, 0, 0);
+            UNROLL for (int i = 0; i < 4; i++) {
+                const V c0 = q8code(q + (k + i) * NW), c1 = q8code(q + (k + i) * NW + VL);
+                UNROLL for (int m = 0; m < MTC; m++) {
+                    const V a = vset1(x[m * ldx + k + i]);
+                    part[m][0][i % PS] = vfma(c0, a, part[m][0][i % PS]);
+                    part[m][1][i % PS] = vfma(c1, a, part[m][1][i % PS]);
+                }
+            }
+        }
+        UNROLL for (int h = 0; h < 2; h++) {
+            const V s = pscale(sc, F16, gi * NW + h * VL);
+            UNROLL for (int m = 0; m < MTC; m++) {
+                const V part_m = PS == 2 ? vadd(part[m][h][0], part[m][h][1]) : part[m][h][0];
+                acc[m][h] = vfma(part_m, s, acc[m][h]);
+                if (mn) acc[m][h] = vfma(pscale(mn, F16, gi * NW + h * VL), vset1(xs[m * G + gi]), acc[m][h]);
+            }
+        }
+    }
+    UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < 2; h++) vst(y + m * ldy + h * VL, acc[m][h]);
+}
+
+void q8p_linear(const int8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+                const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K, int nthreads) {
+    const int64_t G = K / g;
+    float* xs = mins ? group_sums(x, ldx, M, K, g) : 0;
+    const size_t ss = f16 ? 2 : 4;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+    for (int64_t p = 0; p < N / NW; p++) {
+        const int8_t* q = codes + p * NW * K;
+        const void* sc = (const char*)scales + p * G * NW * ss;
+        const void* mn = mins ? (const char*)mins + p * G * NW * ss : 0;
+        for (int64_t m0 = 0; m0 < M; m0 += PT) {
+            const float *xm = x + m0 * ldx, *xsm = xs ? xs + m0 * G : 0;
+            float* ym = y + m0 * ldy + p * NW;
+            switch (M - m0 < PT ? M - m0 : PT) {
+                case 3: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 3, ym, ldy); break;
+                case 2: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 2, ym, ldy); break;
+                default: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 1, ym, ldy);
+            }
+        }
+    }
+    free(xs);
+}
+
+/* As dequant_panels, for a q8 panel: q * scale (+ min), two roundings; already k-major, NW wide */
+__attribute__((noinline)) NO_FMA static void dequant_q8_panel(
+    const int8_t* restrict q, const void* sc, const void* mn, const int f16, const int64_t g, const int64_t k0,
+    const int64_t kc, float* restrict out) {
+    for (int64_t k = k0; k < k0 + kc;) {
+        const int64_t gi = k / g, end = (gi + 1) * g < k0 + kc ? (gi + 1) * g : k0 + kc;
+        V s[2], mi[2];
+        UNROLL for (int h = 0; h < 2; h++) {
+            s[h] = pscale(sc, f16, gi * NW + h * VL);
+            mi[h] = mn ? pscale(mn, f16, gi * NW + h * VL) : vzero();
+        }
+        for (; k < end; k++)
+            UNROLL for (int h = 0; h < 2; h++)
+                vst(out + (k - k0) * NW + h * VL, vadd(vmul(q8code(q + k * NW + h * VL), s[h]), mi[h]));
+    }
+}
+
+/* The panel orders' GEMM: q4 (`kind` QW_Q4_PANEL, pairs of VL-wide panels) or q8 (QW_Q8_PANEL, NW-wide) */
+static void panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
+                       const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                       int nthreads) {
     const int64_t panels = N / VL, G = K / g;
     const size_t ss = f16 ? 2 : 4;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
-    for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of panels (the last may be single) */
+    for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
         float w[KC * NW] __attribute__((aligned(64)));
         const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
-        const uint8_t* q = codes + p * VL * (K / 2);
-        const void *sc = (const char*)scales + p * G * VL * ss, *mn = (const char*)mins + p * G * VL * ss;
+        const void* sc = (const char*)scales + p * G * VL * ss;
+        const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
         if (np == 1) memset(w, 0, sizeof w);
         for (int64_t k0 = 0; k0 < K; k0 += KC) {
             const int64_t kc = K - k0 < KC ? K - k0 : KC;
-            dequant_panels(q, sc, mn, f16, g, G, K, np, k0, kc, w);
+            if (kind == QW_Q4_PANEL)
+                dequant_panels((const uint8_t*)codes + p * VL * (K / 2), sc, mn, f16, g, G, K, np, k0, kc, w);
+            else /* q8: N % NW == 0, so np == 2 */
+                dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, w);
             for (int64_t m0 = 0; m0 < M; m0 += MR) {
                 const float* xm = x + m0 * ldx + k0;
                 float* ym = y + m0 * ldy + p * VL;
@@ -713,7 +815,6 @@ typedef struct {
     /* QW_F32: codes is the float32 weight [N, K]; no scales or mins */
     const float* bias; /* [N] or NULL */
 } qweight_t;
-enum { QW_Q4_GGUF = 0, QW_Q4_X8 = 1, QW_Q8 = 2, QW_Q4_PANEL = 3, QW_F32 = 4 };
 
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                  int64_t gemm_min, int nthreads) {
@@ -724,11 +825,12 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
         case QW_Q4_GGUF: Q4(q4_linear); break;
         case QW_Q4_X8: Q4(q4x8_linear); break;
         case QW_Q4_PANEL: Q4(q4p_linear); break;
+        case QW_Q8_PANEL: Q4(q8p_linear); break;
         case QW_F32: f32_linear(w->codes, x, ldx, y, ldy, M, N, K, nthreads); break;
         default: q8_linear(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
         }
-    } else if (w->kind == QW_Q4_PANEL) {
-        Q4(q4p_gemm);
+    } else if (w->kind == QW_Q4_PANEL || w->kind == QW_Q8_PANEL) {
+        panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
 #undef Q4
     } else {
         quant_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
@@ -740,8 +842,8 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 """
 
 
-#: `qweight_t.kind` of the C source (QW_*) for 8-bit codes and plain float32 weights.
-QW_Q8, QW_F32 = 2, 4
+#: `qweight_t.kind` of the C source (QW_*) for 8-bit codes (file order, panel order) and plain float32 weights.
+QW_Q8, QW_F32, QW_Q8_PANEL = 2, 4, 5
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -761,7 +863,10 @@ class WeightDesc(ctypes.Structure):
         if bias is not None:
             assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (w.out_features,)
         assert w.codes.is_contiguous() and w.scales.is_contiguous()
-        kind = QW_Q8 if w.kind == "q8" else {"gguf": 0, "x8": 1, "panel": 3}[w.order]
+        if w.kind == "q8":
+            kind = QW_Q8_PANEL if w.order == "panel" else QW_Q8
+        else:
+            kind = {"gguf": 0, "x8": 1, "panel": 3}[w.order]
         return cls(kind, int(w.scales.dtype == torch.float16), w.group, w.out_features, w.in_features,
                    w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), _ptr(bias))
 
@@ -779,7 +884,7 @@ class QuantKernels:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.panel_lanes.restype = ctypes.c_int
+        lib.panel_lanes.restype = lib.q8_panel_lanes.restype = ctypes.c_int
         lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, ctypes.c_int]
         lib.quant_apply.restype = None
         #: `quant_apply`'s address, for C callers (the fused decode stack)
@@ -787,6 +892,8 @@ class QuantKernels:
         self._lib = lib
         #: Output rows per panel of the "panel" q4 byte order (formats.py): the CPU's float lanes.
         self.panel_lanes = int(lib.panel_lanes())
+        #: The same for q8 codes (twice as wide: one stream of bytes per thread).
+        self.q8_panel_lanes = int(lib.q8_panel_lanes())
 
     def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int, out: torch.Tensor | None = None
               ) -> torch.Tensor:
@@ -827,6 +934,9 @@ def _self_check(kernels: QuantKernels) -> None:
     wp = torch.randn(3 * kernels.panel_lanes, 128, generator=gen)  # an odd number of panels: pairs and a single one
     panel = [quantize_int4(wp, g).with_order("panel", kernels.panel_lanes) for g in (32, 64)]
     q8_symmetric = replace(quantize_int8(w, 32), mins=None)  # GGUF's Q8_0 / Q6_K: no mins
+    w8 = torch.randn(3 * kernels.q8_panel_lanes, 128, generator=gen)
+    panel += [q.with_order("panel", kernels.q8_panel_lanes)
+              for q in (quantize_int8(w8, 16), quantize_int8(w8, 32), replace(quantize_int8(w8, 32), mins=None))]
     for qw in (*q4, *(q.with_order("x8") for q in q4), *panel, quantize_int8(w, 16), quantize_int8(w, 32),
                q8_symmetric):
         dense = qw.dequantize()

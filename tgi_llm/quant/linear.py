@@ -3,8 +3,9 @@ for more.
 
 At decode batch sizes the weights' bytes bound the step and the decode kernel reads each code once per 3
 activation rows. From 8 rows it is compute-bound and converts each code again for every 3 rows; the GEMM
-kernel converts each code once per call (docs/PERFORMANCE.md). q4 weights whose output rows fill whole
-panels are held in the kernels' "panel" byte order (formats.py), the others in "x8" or the file's order.
+kernel converts each code once per call (docs/PERFORMANCE.md). Weights whose output rows fill whole
+panels are held in the kernels' "panel" byte order (formats.py), other q4 weights in "x8" where they can
+be, the rest in the file's order.
 Without the C kernels the weight is dequantized in torch, in row chunks (correct, slower).
 """
 
@@ -21,9 +22,10 @@ from tgi_llm.quant.kernels import QW_F32, QW_Q8, WeightDesc, quant_kernels
 #: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
 #: decode kernel's cost grows with every 3 rows, the GEMM's dequantization is fixed.
 GEMM_MIN_TOKENS = 10
-#: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte: equal at 14
-#: rows, the GEMM 51% slower at 8 (same measurement).
-Q8_GEMM_MIN_TOKENS = 14
+#: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte. In the panel
+#: order (item 20) the two are equal at 15-16 rows on Zen 4; in the file order they were equal at 14 on
+#: Zen 3, the GEMM 51% slower at 8 (item 19).
+Q8_GEMM_MIN_TOKENS = 16
 #: The same for plain float32 weights, which the decode kernel reads with no conversion and re-reads from
 #: L2 for every 4 rows: it beats the GEMM (which copies and transposes a panel per call) up to ~48 rows
 #: (all linears of SmolLM2-135M, Zen 3, docs/PERFORMANCE.md item 14).
@@ -49,11 +51,11 @@ class QuantLinear(nn.Module):
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.kernels = quant_kernels()
-        if self.kernels is not None and weight.kind == "q4":  # the kernels' faster byte orders; same bytes
-            lanes = self.kernels.panel_lanes
+        if self.kernels is not None:  # the kernels' faster byte orders; same bytes
+            lanes = self.kernels.panel_lanes if weight.kind == "q4" else self.kernels.q8_panel_lanes
             if weight.out_features % lanes == 0:
                 weight = weight.with_order("panel", lanes)
-            elif weight.in_features % 64 == 0:
+            elif weight.kind == "q4" and weight.in_features % 64 == 0:
                 weight = weight.with_order("x8")
         self.qweight = weight.contiguous()
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
