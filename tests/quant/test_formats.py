@@ -81,6 +81,8 @@ def test_panel_byte_order_holds_the_same_weights():
             and torch.equal(back.mins, w.mins))
     assert torch.equal(panel.with_order("x8").dequantize(), w.dequantize())
     assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
+    ids = torch.tensor([17, 2, 9, 2])  # an embedding lookup: any rows, repeats included
+    assert torch.equal(panel.rows(ids).dequantize(), w.dequantize()[ids])
     assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
     assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
     with pytest.raises(ValueError, match="byte order"):
@@ -99,6 +101,8 @@ def test_q8_panel_order_holds_the_same_weights(mins):
     assert torch.equal(back.codes, w.codes) and torch.equal(back.scales, w.scales)
     assert (back.mins is None) == (w.mins is None)
     assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
+    ids = torch.tensor([17, 2, 9, 2])  # an embedding lookup: any rows, repeats included
+    assert torch.equal(panel.rows(ids).dequantize(), w.dequantize()[ids])
     assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
     assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
     with pytest.raises(ValueError, match="byte order"):

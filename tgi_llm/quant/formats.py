@@ -99,10 +99,26 @@ class QuantizedWeight:
     def rows(self, index: torch.Tensor | slice) -> QuantizedWeight:
         """A subset (or permutation) of output rows: rows are quantized independently, so this is exact."""
         if self.order == "panel":
-            return self.with_order("gguf").rows(index)
+            return self._panel_rows(torch.arange(self.out_features)[index] if isinstance(index, slice) else index)
         pick = (lambda t: t[index]) if isinstance(index, slice) else (lambda t: t.index_select(0, index))
         return replace(self, codes=pick(self.codes), scales=pick(self.scales),
                        mins=None if self.mins is None else pick(self.mins)).contiguous()
+
+    def _panel_rows(self, index: torch.Tensor) -> QuantizedWeight:
+        """Rows `index` of a panel-order weight in the file's order, read from their panels alone (an
+        embedding lookup per step must not rearrange the whole table)."""
+        n, k, lanes = self.out_features, self.in_features, self.lanes
+        panel, lane = index // lanes, index % lanes
+        gather = lambda t: t.view(n // lanes, -1, lanes)[panel, :, lane]  # noqa: E731  [len(index), columns]
+        if self.kind == "q8":
+            codes = gather(self.codes)
+        else:  # words: nibble i of word j = code(row, 8 j + i); GGUF blocks: element j low, j + 16 high nibble
+            words = gather(self.codes.view(torch.int32))
+            q = ((words[..., None] >> torch.arange(0, 32, 4, dtype=torch.int32)) & 15).to(torch.uint8)
+            pairs = q.view(len(index), k // BLOCK, 2, BLOCK // 2)
+            codes = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(len(index), k // 2)
+        return replace(self, codes=codes.contiguous(), scales=gather(self.scales).contiguous(),
+                       mins=None if self.mins is None else gather(self.mins).contiguous(), order="gguf", lanes=0)
 
     def columns(self, start: int, stop: int) -> QuantizedWeight:
         """Input features [start, stop), which must fall on group boundaries (a row-parallel shard)."""
