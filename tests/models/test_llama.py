@@ -95,7 +95,7 @@ VARIANTS = {
 
 @pytest.fixture(params=["c", "onednn"])
 def float_linears(request, monkeypatch):
-    """Both float32 linear paths on any CPU (the ISA rule picks one of them per machine)."""
+    """Both float32 linear paths: the C kernels (the default) and oneDNN (TGI_LLM_FLOAT_LINEARS=onednn)."""
     monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", request.param)
     return request.param
 

@@ -89,18 +89,28 @@ def test_gemm_dequantizes_bit_exactly_like_torch(name, make):
 
 
 @needs_kernel
-@pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (70, 576), (130, 1536)])
+@pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (70, 576), (130, 1536), (Q8_LANES, 64), (3 * Q8_LANES, 576)])
 @pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 9, 13])
 @pytest.mark.parametrize("gemm_min", [0, 100])  # the GEMM, and the decode kernel (4 / 2 / 1 rows per pass)
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_float32_weights_match_float64_reference(n, k, m, gemm_min, with_bias):
+@pytest.mark.parametrize("panel", [False, True])
+def test_float32_weights_match_float64_reference(n, k, m, gemm_min, with_bias, panel):
+    if panel and n % Q8_LANES:
+        pytest.skip("the panel order needs whole panels")
     gen = torch.Generator().manual_seed(n * 1000 + k + m)
     w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen) if with_bias else None
     wide = torch.randn(m, k + 24, generator=gen)
     x = wide[:, 8:k + 8]  # rows with a stride wider than k
     want = x.double() @ w.double().T + (0 if bias is None else bias.double())
-    got = kernel.apply(x, kernels_mod.dense_desc(w, bias), gemm_min)
+    held = kernels_mod.float_panels(w, Q8_LANES) if panel else w
+    got = kernel.apply(x, kernels_mod.dense_desc(held, bias, panel=panel), gemm_min)
     torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
+
+
+def test_float_panels_round_trip():
+    w = torch.randn(48, 32)
+    panels = kernels_mod.float_panels(w, 16)
+    assert torch.equal(panels.view(3, 32, 16)[1, 5], w[16:32, 5]) and torch.equal(kernels_mod.float_rows(panels, 16), w)
 
 
 @needs_kernel

@@ -25,10 +25,9 @@ from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.fused_decode import library as fused_decode_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
-from tgi_llm.native_build import cpu_id
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
+from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, float_panels, float_rows, quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
@@ -73,13 +72,14 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
-    """The C kernels for float32 linears on this CPU, or None for oneDNN's packed ones (a rule per ISA,
-    measured: docs/PERFORMANCE.md item 14). Without AVX-512 ours stream plain weights 1.2-1.3x faster than
-    oneDNN at 1-4 rows, within 6% of it at 8-512 (Zen 3), and they let the fused decode stack take float
-    models; with AVX-512 oneDNN measured 2.3x faster than MKL and ours were not measured there.
-    TGI_LLM_FLOAT_LINEARS=c or onednn overrides the rule."""
+    """The C kernels for float32 linears, or None for oneDNN's packed ones (docs/PERFORMANCE.md items 14
+    and 20). Weights whose rows fill whole panels are held in the panel order, which the C GEMM reads in
+    place: on Zen 4 (AVX-512) at or ahead of oneDNN at every row count from 1 to 512 (16.7 against 23.2 ms
+    for all linears of SmolLM2-135M at one row, 25.5 against 30.1 at 16, equal from 128). Without AVX-512
+    the plain-order kernels already streamed weights 1.2-1.3x faster than oneDNN at 1-4 rows (Zen 3). And
+    they let the fused decode stack take float models. TGI_LLM_FLOAT_LINEARS=onednn keeps oneDNN."""
     choice = os.environ.get("TGI_LLM_FLOAT_LINEARS", "auto")
-    if dtype != torch.float32 or choice == "onednn" or (choice != "c" and "avx512f" in cpu_id().split()):
+    if dtype != torch.float32 or choice == "onednn":
         return None
     return quant_kernels()
 
@@ -91,21 +91,29 @@ class Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed: torch.Tensor | None = None
         self.kernels: QuantKernels | None = None
+        #: Output rows per panel when `weight` holds its elements in the kernels' panel order (0: row-major).
+        self.panel_lanes = 0
         self._desc: WeightDesc | None = None
 
     def use_kernels(self, kernels: QuantKernels) -> bool:
-        """Run through the C float32 kernels (quant_apply), on the plain weight, where its shape allows."""
+        """Run through the C float32 kernels (quant_apply) where the weight's shape allows, in the panel
+        order (rearranged in place: the GEMM reads it as it is) where its rows fill whole panels."""
         w = self.weight
         if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape[1] % 16:
             return False
-        self.weight.data = w.contiguous()
+        lanes = kernels.q8_panel_lanes
+        if w.shape[0] % lanes == 0:
+            self.weight.data, self.panel_lanes = float_panels(w.detach(), lanes), lanes
+        else:
+            self.weight.data = w.contiguous()
         self.kernels = kernels
         return True
 
     def desc(self) -> WeightDesc:
         """Where the C kernels find this layer's weight and bias (after `use_kernels`)."""
         if self._desc is None:
-            self._desc = dense_desc(self.weight.detach(), None if self.bias is None else self.bias.detach())
+            self._desc = dense_desc(self.weight.detach(), None if self.bias is None else self.bias.detach(),
+                                    panel=self.panel_lanes > 0)
         return self._desc
 
     def pack(self) -> bool:
@@ -118,14 +126,16 @@ class Linear(nn.Module):
         return True
 
     def dense_weight(self) -> torch.Tensor:
-        return self.weight if self.packed is None else self.packed.to_dense()
+        if self.packed is not None:
+            return self.packed.to_dense()
+        return float_rows(self.weight, self.panel_lanes) if self.panel_lanes else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return packed_linear(x, self.packed, self.bias)
         if self.kernels is not None and x.dim() == 2 and x.dtype == torch.float32:
             return self.kernels.apply(x, self.desc(), gemm_min_tokens(self.desc()))
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.dense_weight(), self.bias)
 
 
 class DecoderLayer(nn.Module):

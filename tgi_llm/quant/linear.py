@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import QW_F32, QW_Q8, WeightDesc, quant_kernels
+from tgi_llm.quant.kernels import QW_F32, QW_F32_PANEL, QW_Q8, QW_Q8_PANEL, WeightDesc, quant_kernels
 
 #: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
 #: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
@@ -26,9 +26,9 @@ GEMM_MIN_TOKENS = 10
 #: order (item 20) the two are equal at 15-16 rows on Zen 4; in the file order they were equal at 14 on
 #: Zen 3, the GEMM 51% slower at 8 (item 19).
 Q8_GEMM_MIN_TOKENS = 16
-#: The same for plain float32 weights, which the decode kernel reads with no conversion and re-reads from
-#: L2 for every 4 rows: it beats the GEMM (which copies and transposes a panel per call) up to ~48 rows
-#: (all linears of SmolLM2-135M, Zen 3, docs/PERFORMANCE.md item 14).
+#: The same for float32 weights in the plain order (rows that do not fill whole panels), which the decode
+#: kernel reads with no conversion and re-reads from L2 for every 4 rows: it beats the GEMM (which copies
+#: and transposes a panel per call) up to ~48 rows (all linears of SmolLM2-135M, Zen 3, item 14).
 FLOAT_GEMM_MIN_TOKENS = 48
 
 
@@ -37,7 +37,9 @@ def gemm_min_tokens(desc: WeightDesc) -> int:
     quant/accuracy.py can send every length through the decode kernels)."""
     if desc.kind == QW_F32:
         return FLOAT_GEMM_MIN_TOKENS
-    return Q8_GEMM_MIN_TOKENS if desc.kind == QW_Q8 else GEMM_MIN_TOKENS
+    if desc.kind == QW_F32_PANEL:
+        return 0  # the GEMM reads it in place: at one row too it streams faster than a decode kernel (item 20)
+    return Q8_GEMM_MIN_TOKENS if desc.kind in (QW_Q8, QW_Q8_PANEL) else GEMM_MIN_TOKENS
 
 
 #: The torch fallback dequantizes at most this many float32 bytes at a time (the LM head alone is 113 MB).
