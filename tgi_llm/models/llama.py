@@ -234,7 +234,8 @@ class LlamaForCausalLM(nn.Module):
                 self.lm_head.data = self.lm_head.data.contiguous()
                 self.lm_head_desc = dense_desc(self.lm_head.detach())
             self.float_kernels = kernels
-            return "float32 linears: C kernels on the plain weights"
+            panels = sum(m.panel_lanes > 0 for m in linears)
+            return f"float32 linears: C kernels ({panels} of {len(linears)} in the panel order)"
         for m in linears:
             m.kernels = None
         return "linear weights packed for oneDNN" if self.pack_for_cpu() else None
