@@ -7,6 +7,7 @@ import torch
 
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models import load_model
+from tgi_llm.models.llama import Linear
 from tgi_llm.quant.kernels import quant_kernels
 
 torch.set_num_threads(2)
@@ -117,6 +118,19 @@ def test_prefill_batch_matches_transformers(tiny_model_factory, paged_batcher, v
     prompts = random_prompts([1, 5, 13, 30], config.vocab_size)
     run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32))
     got = run.step(list(enumerate(prompts)))
+    for prompt, logits in zip(prompts, got, strict=True):
+        assert rel_err(logits, reference_logits(ref, prompt)) < 1e-4
+
+
+def test_a_linear_the_kernels_cannot_take_sends_every_linear_to_onednn(tiny_model_factory, paged_batcher):
+    """down_proj's in_features (136) is not a multiple of 16: no linear may be left in the panel order."""
+    model_dir = tiny_model_factory("llama", intermediate_size=136)
+    model, config = load_model(model_dir)
+    assert model.float_kernels is None
+    assert all(m.panel_lanes == 0 and m.kernels is None for m in model.modules() if isinstance(m, Linear))
+    prompts = random_prompts([5, 13], config.vocab_size)
+    got = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32)).step(list(enumerate(prompts)))
+    ref = reference_model(model_dir)
     for prompt, logits in zip(prompts, got, strict=True):
         assert rel_err(logits, reference_logits(ref, prompt)) < 1e-4
 

@@ -95,19 +95,20 @@ class Linear(nn.Module):
         self.panel_lanes = 0
         self._desc: WeightDesc | None = None
 
-    def use_kernels(self, kernels: QuantKernels) -> bool:
-        """Run through the C float32 kernels (quant_apply) where the weight's shape allows, in the panel
-        order (rearranged in place: the GEMM reads it as it is) where its rows fill whole panels."""
+    def fits_kernels(self) -> bool:
+        """Whether the C float32 kernels (quant_apply) can take this weight."""
         w = self.weight
-        if w.dtype != torch.float32 or w.device.type != "cpu" or w.shape[1] % 16:
-            return False
-        lanes = kernels.q8_panel_lanes
+        return w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[1] % 16 == 0
+
+    def use_kernels(self, kernels: QuantKernels) -> None:
+        """Run through the C float32 kernels (after `fits_kernels`), in the panel order (rearranged in
+        place: the GEMM reads it as it is) where the rows fill whole panels."""
+        w, lanes = self.weight, kernels.q8_panel_lanes
         if w.shape[0] % lanes == 0:
             self.weight.data, self.panel_lanes = float_panels(w.detach(), lanes), lanes
         else:
             self.weight.data = w.contiguous()
         self.kernels = kernels
-        return True
 
     def desc(self) -> WeightDesc:
         """Where the C kernels find this layer's weight and bias (after `use_kernels`)."""
@@ -223,21 +224,21 @@ class LlamaForCausalLM(nn.Module):
 
     def prepare_cpu_linears(self) -> str | None:
         """Choose how the float linears run on the CPU (after the final `.to()`: packed weights can't move):
-        the C kernels on their plain weights, or oneDNN's packed layout (`float_linear_kernels`). Returns
+        the C kernels (in their panel order where it fits), or oneDNN's packed layout (`float_linear_kernels`). Returns
         what was chosen, for the log, or None (F.linear)."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         if not linears and self.lm_head_quant is not None:
             return None  # every linear is quantized: nothing float to place
         kernels = float_linear_kernels(self.dtype) if self.device.type == "cpu" else None
-        if kernels is not None and all(m.use_kernels(kernels) for m in linears):
+        if kernels is not None and all(m.fits_kernels() for m in linears):
+            for m in linears:  # all or none: a model half in the panel order could not be packed for oneDNN
+                m.use_kernels(kernels)
             if self.lm_head_quant is None and self.lm_head.shape[1] % 16 == 0:
                 self.lm_head.data = self.lm_head.data.contiguous()
                 self.lm_head_desc = dense_desc(self.lm_head.detach())
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
             return f"float32 linears: C kernels ({panels} of {len(linears)} in the panel order)"
-        for m in linears:
-            m.kernels = None
         return "linear weights packed for oneDNN" if self.pack_for_cpu() else None
 
     def pack_for_cpu(self) -> bool:
