@@ -17,10 +17,11 @@ weights, 8 little-endian 32-bit words, nibble i of word j holding weight 8i + j.
 turns 8 codes into 8 lanes with two plain vector ops, no byte shuffles, which is what bounds the
 GGUF-order kernel on AVX2 (its byte-to-lane widening runs on one shuffle port).
 
-The kernels' own order, ``panel`` (QuantLinear's choice when out_features is a multiple of the CPU's float
-lanes L): for q4, per L output rows and 8 consecutive k, L words, nibble i of word j = code(row j, k + i);
-for q8, per L output rows the codes k-major, [N / L][K][L]; scales and mins [N / L][G][L] for both. A
-vector op turns one load into the codes of L rows at one k, which is the layout the GEMM micro-kernel
+The kernels' own order, ``panel`` (QuantLinear's choice when out_features is a multiple of the panel
+width L: the CPU's float lanes for q4, twice that for q8, so one thread reads one run of bytes): for q4,
+per L output rows and 8 consecutive k, L words, nibble i of word j = code(row j, k + i); for q8, per L
+output rows the codes k-major, [N / L][K][L]; scales and mins [N / L][G][L] for both. A vector op turns
+one load into the codes of L rows (or VL of them) at one k, which is the layout the GEMM micro-kernel
 multiplies, so nothing is transposed per call.
 
 Scales are float16 where the source's are (GGUF's d and m) and float32 where a product of two scales
