@@ -106,6 +106,7 @@ def load_float_model(model_dir, float_linears):
     on_kernels = model.float_kernels is not None
     assert on_kernels == (float_linears == "c" and quant_kernels() is not None)
     assert (model.lm_head_packed is not None) == (float_linears == "onednn")  # held once either way
+    assert (model.lm_head_panel_lanes > 0) == on_kernels  # the tiny vocab (256) fills whole panels
     return model, config
 
 

@@ -111,6 +111,8 @@ def test_float_panels_round_trip():
     w = torch.randn(48, 32)
     panels = kernels_mod.float_panels(w, 16)
     assert torch.equal(panels.view(3, 32, 16)[1, 5], w[16:32, 5]) and torch.equal(kernels_mod.float_rows(panels, 16), w)
+    ids = torch.tensor([[47, 0, 16], [16, 5, 31]])  # an embedding lookup: any shape, repeats included
+    assert torch.equal(kernels_mod.float_panel_rows(panels, ids, 16), w[ids])
 
 
 @needs_kernel

@@ -27,7 +27,15 @@ from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tab
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, float_panels, float_rows, quant_kernels
+from tgi_llm.quant.kernels import (
+    QuantKernels,
+    WeightDesc,
+    dense_desc,
+    float_panel_rows,
+    float_panels,
+    float_rows,
+    quant_kernels,
+)
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
@@ -211,6 +219,7 @@ class LlamaForCausalLM(nn.Module):
         self.attention_backend = attention_backend
         self.lm_head_packed: torch.Tensor | None = None  # see prepare_cpu_linears
         self.lm_head_desc: WeightDesc | None = None  # the float head through the C kernels
+        self.lm_head_panel_lanes = 0  # the float head (and a tied embedding table) in the panel order
         self.float_kernels: QuantKernels | None = None
         self._fused: tuple[list, FusedDecode | None] | None = None  # (the caches it was made for, it)
 
@@ -234,8 +243,13 @@ class LlamaForCausalLM(nn.Module):
             for m in linears:  # all or none: a model half in the panel order could not be packed for oneDNN
                 m.use_kernels(kernels)
             if self.lm_head_quant is None and self.lm_head.shape[1] % 16 == 0:
-                self.lm_head.data = self.lm_head.data.contiguous()
-                self.lm_head_desc = dense_desc(self.lm_head.detach())
+                lanes = kernels.q8_panel_lanes
+                if self.lm_head.shape[0] % lanes == 0 and self.shard.world_size == 1:
+                    # in place, so a tied embedding table follows: `forward` reads its rows from the panels
+                    self.lm_head.data, self.lm_head_panel_lanes = float_panels(self.lm_head.detach(), lanes), lanes
+                else:
+                    self.lm_head.data = self.lm_head.data.contiguous()
+                self.lm_head_desc = dense_desc(self.lm_head.detach(), panel=self.lm_head_panel_lanes > 0)
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
             return f"float32 linears: C kernels ({panels} of {len(linears)} in the panel order)"
@@ -273,8 +287,11 @@ class LlamaForCausalLM(nn.Module):
             query_lens = torch.tensor(attn.query_lens_cpu, device=input_ids.device)
             token_seq_lens = torch.repeat_interleave(attn.seq_lens.to(input_ids.device), query_lens)
         cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.dtype)
-        table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
-        hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
+        if self.lm_head_panel_lanes and self.embed_tokens is self.lm_head:
+            hidden = float_panel_rows(self.embed_tokens, input_ids, self.lm_head_panel_lanes)
+        else:
+            table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
+            hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
         fused = self._fused_decode(kv_caches)
         if fused is not None and fused.takes(attn, input_ids.shape[0]):
             return fused.run(hidden, cos, sin, attn, lambda: self._layers(hidden, cos, sin, kv_caches, attn))
@@ -307,7 +324,8 @@ class LlamaForCausalLM(nn.Module):
             return tp_ops.gather_vocab(logits, self.shard)
         if self.lm_head_packed is not None:
             return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)
-        return tp_ops.gather_vocab(F.linear(hidden, self.lm_head).float(), self.shard)
+        head = float_rows(self.lm_head, self.lm_head_panel_lanes) if self.lm_head_panel_lanes else self.lm_head
+        return tp_ops.gather_vocab(F.linear(hidden, head).float(), self.shard)
 
 
 def describe_gguf(tensors) -> str:

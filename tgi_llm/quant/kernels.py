@@ -905,6 +905,14 @@ def float_rows(panels: torch.Tensor, lanes: int) -> torch.Tensor:
     return panels.view(n // lanes, k, lanes).transpose(1, 2).contiguous().view(n, k)
 
 
+def float_panel_rows(panels: torch.Tensor, index: torch.Tensor, lanes: int) -> torch.Tensor:
+    """Rows `index` (any shape) of a weight in the panel order, [*index.shape, K]: an embedding lookup."""
+    n, k = panels.shape
+    flat = index.reshape(-1)
+    rows = panels.view(n // lanes, k, lanes)[flat // lanes, :, flat % lanes]
+    return rows.view(*index.shape, k)
+
+
 class QuantKernels:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
