@@ -68,6 +68,20 @@ def test_malformed_layouts_are_refused():
         QuantizedWeight("q8", codes, scales, None, 32, 64)
     with pytest.raises(ValueError, match="mins must match"):
         QuantizedWeight("q8", torch.zeros(2, 64, dtype=torch.int8), scales, scales[:, :1], 32, 64)
+    with pytest.raises(ValueError, match="lanes are for"):
+        QuantizedWeight("q8", torch.zeros(2, 64, dtype=torch.int8), scales, None, 32, 64, lanes=2)
+
+
+def assert_panel_order_slices_like(panel: QuantizedWeight, w: QuantizedWeight) -> None:
+    """`panel` (24 x 192, panels of 8) gives the rows, columns and fusions `w` gives, and cannot be cut
+    into panels of 16."""
+    assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
+    ids = torch.tensor([17, 2, 9, 2])  # an embedding lookup: any rows, repeats included
+    assert torch.equal(panel.rows(ids).dequantize(), w.dequantize()[ids])
+    assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
+    assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
+    with pytest.raises(ValueError, match="byte order"):
+        w.with_order("panel", 16)  # 24 rows: not whole panels of 16
 
 
 def test_panel_byte_order_holds_the_same_weights():
@@ -80,13 +94,7 @@ def test_panel_byte_order_holds_the_same_weights():
     assert (torch.equal(back.codes, w.codes) and torch.equal(back.scales, w.scales)
             and torch.equal(back.mins, w.mins))
     assert torch.equal(panel.with_order("x8").dequantize(), w.dequantize())
-    assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
-    ids = torch.tensor([17, 2, 9, 2])  # an embedding lookup: any rows, repeats included
-    assert torch.equal(panel.rows(ids).dequantize(), w.dequantize()[ids])
-    assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
-    assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
-    with pytest.raises(ValueError, match="byte order"):
-        w.with_order("panel", 16)  # 24 rows: not whole panels of 16
+    assert_panel_order_slices_like(panel, w)
 
 
 @pytest.mark.parametrize("mins", [True, False])
@@ -100,13 +108,7 @@ def test_q8_panel_order_holds_the_same_weights(mins):
     back = panel.with_order("gguf")
     assert torch.equal(back.codes, w.codes) and torch.equal(back.scales, w.scales)
     assert (back.mins is None) == (w.mins is None)
-    assert torch.equal(panel.rows(slice(3, 11)).dequantize(), w.dequantize()[3:11])
-    ids = torch.tensor([17, 2, 9, 2])  # an embedding lookup: any rows, repeats included
-    assert torch.equal(panel.rows(ids).dequantize(), w.dequantize()[ids])
-    assert torch.equal(panel.columns(64, 192).dequantize(), w.dequantize()[:, 64:192])
-    assert torch.equal(concat_rows([panel, panel]).dequantize(), torch.cat([w.dequantize()] * 2))
-    with pytest.raises(ValueError, match="byte order"):
-        w.with_order("panel", 16)  # 24 rows: not whole panels of 16
+    assert_panel_order_slices_like(panel, w)
 
 
 def test_x8_byte_order_holds_the_same_weights():

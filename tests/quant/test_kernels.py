@@ -7,7 +7,14 @@ import torch
 
 import tgi_llm.quant.kernels as kernels_mod
 from tgi_llm.native_build import NativeBuildError
-from tgi_llm.quant.formats import QuantizedWeight, quantize_int4, quantize_int8
+from tgi_llm.quant.formats import (
+    QuantizedWeight,
+    from_panels,
+    panel_rows,
+    quantize_int4,
+    quantize_int8,
+    to_panels,
+)
 from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
 
 kernel = kernels_mod.quant_kernels()
@@ -102,17 +109,17 @@ def test_float32_weights_match_float64_reference(n, k, m, gemm_min, with_bias, p
     wide = torch.randn(m, k + 24, generator=gen)
     x = wide[:, 8:k + 8]  # rows with a stride wider than k
     want = x.double() @ w.double().T + (0 if bias is None else bias.double())
-    held = kernels_mod.float_panels(w, Q8_LANES) if panel else w
+    held = to_panels(w, Q8_LANES) if panel else w
     got = kernel.apply(x, kernels_mod.dense_desc(held, bias, panel=panel), gemm_min)
     torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
 
 
 def test_float_panels_round_trip():
     w = torch.randn(48, 32)
-    panels = kernels_mod.float_panels(w, 16)
-    assert torch.equal(panels.view(3, 32, 16)[1, 5], w[16:32, 5]) and torch.equal(kernels_mod.float_rows(panels, 16), w)
-    ids = torch.tensor([[47, 0, 16], [16, 5, 31]])  # an embedding lookup: any shape, repeats included
-    assert torch.equal(kernels_mod.float_panel_rows(panels, ids, 16), w[ids])
+    panels = to_panels(w, 16)
+    assert torch.equal(panels.view(3, 32, 16)[1, 5], w[16:32, 5]) and torch.equal(from_panels(panels, 16), w)
+    ids = torch.tensor([47, 0, 16, 16, 5, 31])  # an embedding lookup: any rows, repeats included
+    assert torch.equal(panel_rows(panels, ids, 16), w[ids])
 
 
 @needs_kernel

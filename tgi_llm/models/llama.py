@@ -26,16 +26,8 @@ from tgi_llm.models.fused_decode import library as fused_decode_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
-from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import (
-    QuantKernels,
-    WeightDesc,
-    dense_desc,
-    float_panel_rows,
-    float_panels,
-    float_rows,
-    quant_kernels,
-)
+from tgi_llm.quant.formats import QuantizedWeight, from_panels, panel_rows, to_panels
+from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
@@ -92,6 +84,11 @@ def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
     return quant_kernels()
 
 
+def whole_panels(rows: int, lanes: int) -> int:
+    """`lanes` where `rows` fill whole panels of that width (the panel order), else 0 (row-major)."""
+    return lanes if rows % lanes == 0 else 0
+
+
 class Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -111,11 +108,8 @@ class Linear(nn.Module):
     def use_kernels(self, kernels: QuantKernels) -> None:
         """Run through the C float32 kernels (after `fits_kernels`), in the panel order (rearranged in
         place: the GEMM reads it as it is) where the rows fill whole panels."""
-        w, lanes = self.weight, kernels.q8_panel_lanes
-        if w.shape[0] % lanes == 0:
-            self.weight.data, self.panel_lanes = float_panels(w.detach(), lanes), lanes
-        else:
-            self.weight.data = w.contiguous()
+        self.panel_lanes = whole_panels(self.weight.shape[0], kernels.q8_panel_lanes)
+        self.weight.data = to_panels(self.weight.detach(), self.panel_lanes)
         self.kernels = kernels
 
     def desc(self) -> WeightDesc:
@@ -137,7 +131,7 @@ class Linear(nn.Module):
     def dense_weight(self) -> torch.Tensor:
         if self.packed is not None:
             return self.packed.to_dense()
-        return float_rows(self.weight, self.panel_lanes) if self.panel_lanes else self.weight
+        return from_panels(self.weight, self.panel_lanes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
@@ -243,12 +237,10 @@ class LlamaForCausalLM(nn.Module):
             for m in linears:  # all or none: a model half in the panel order could not be packed for oneDNN
                 m.use_kernels(kernels)
             if self.lm_head_quant is None and self.lm_head.shape[1] % 16 == 0:
-                lanes = kernels.q8_panel_lanes
-                if self.lm_head.shape[0] % lanes == 0 and self.shard.world_size == 1:
-                    # in place, so a tied embedding table follows: `forward` reads its rows from the panels
-                    self.lm_head.data, self.lm_head_panel_lanes = float_panels(self.lm_head.detach(), lanes), lanes
-                else:
-                    self.lm_head.data = self.lm_head.data.contiguous()
+                # in place, so a tied embedding table follows: `forward` reads its rows from the panels
+                if self.shard.world_size == 1:  # (a vocab-parallel shard's lookup keeps the plain order)
+                    self.lm_head_panel_lanes = whole_panels(self.lm_head.shape[0], kernels.q8_panel_lanes)
+                self.lm_head.data = to_panels(self.lm_head.detach(), self.lm_head_panel_lanes)
                 self.lm_head_desc = dense_desc(self.lm_head.detach(), panel=self.lm_head_panel_lanes > 0)
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
@@ -288,7 +280,8 @@ class LlamaForCausalLM(nn.Module):
             token_seq_lens = torch.repeat_interleave(attn.seq_lens.to(input_ids.device), query_lens)
         cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.dtype)
         if self.lm_head_panel_lanes and self.embed_tokens is self.lm_head:
-            hidden = float_panel_rows(self.embed_tokens, input_ids, self.lm_head_panel_lanes)
+            flat = input_ids.reshape(-1)
+            hidden = panel_rows(self.embed_tokens, flat, self.lm_head_panel_lanes).view(*input_ids.shape, -1)
         else:
             table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
             hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
@@ -324,7 +317,7 @@ class LlamaForCausalLM(nn.Module):
             return tp_ops.gather_vocab(logits, self.shard)
         if self.lm_head_packed is not None:
             return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)
-        head = float_rows(self.lm_head, self.lm_head_panel_lanes) if self.lm_head_panel_lanes else self.lm_head
+        head = from_panels(self.lm_head, self.lm_head_panel_lanes)
         return tp_ops.gather_vocab(F.linear(hidden, head).float(), self.shard)
 
 

@@ -40,6 +40,29 @@ Kind = Literal["q4", "q8"]
 BLOCK = 32  # q4 codes are packed in blocks of 32 weights (16 bytes)
 
 
+def to_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:
+    """A row-major [N, C] tensor (q8 codes, scales, mins, float weights; N a multiple of `lanes`) in the
+    panel order, [N / lanes][C][lanes] viewed as [N, C]; with `lanes` 0 just contiguous."""
+    if not lanes:
+        return t.contiguous()
+    n = t.shape[0]
+    return t.view(n // lanes, lanes, -1).transpose(1, 2).contiguous().view(n, -1)
+
+
+def from_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:
+    """The inverse of `to_panels` (`t` itself when `lanes` is 0)."""
+    if not lanes:
+        return t
+    n = t.shape[0]
+    return t.view(n // lanes, -1, lanes).transpose(1, 2).reshape(n, -1)
+
+
+def panel_rows(t: torch.Tensor, index: torch.Tensor, lanes: int) -> torch.Tensor:
+    """Rows `index` (1-D) of a panel-order [N, C] tensor, row-major [len(index), C], read from their
+    panels alone (an embedding lookup per step must not rearrange the whole table)."""
+    return t.view(t.shape[0] // lanes, -1, lanes)[index // lanes, :, index % lanes]
+
+
 @dataclass(frozen=True)
 class QuantizedWeight:
     """A linear weight [out_features, in_features] in one of the two layouts above."""
@@ -73,6 +96,8 @@ class QuantizedWeight:
             raise ValueError(f"byte order {self.order!r} is for q4 codes with in_features % 64 == 0")
         if self.order == "panel" and (self.lanes <= 0 or n % self.lanes):
             raise ValueError(f"byte order 'panel' is for out_features a multiple of {self.lanes} lanes")
+        if self.order != "panel" and self.lanes:
+            raise ValueError(f"lanes are for the 'panel' byte order, not {self.order!r}")
         if self.mins is None and self.kind == "q4":
             raise ValueError("q4 needs mins")
         if self.mins is not None and (self.mins.shape != self.scales.shape or self.mins.dtype != self.scales.dtype):
@@ -106,11 +131,9 @@ class QuantizedWeight:
                        mins=None if self.mins is None else pick(self.mins)).contiguous()
 
     def _panel_rows(self, index: torch.Tensor) -> QuantizedWeight:
-        """Rows `index` of a panel-order weight in the file's order, read from their panels alone (an
-        embedding lookup per step must not rearrange the whole table)."""
-        n, k, lanes = self.out_features, self.in_features, self.lanes
-        panel, lane = index // lanes, index % lanes
-        gather = lambda t: t.view(n // lanes, -1, lanes)[panel, :, lane]  # noqa: E731  [len(index), columns]
+        """Rows `index` of a panel-order weight in the file's order (`panel_rows`)."""
+        k = self.in_features
+        gather = lambda t: panel_rows(t, index, self.lanes)  # noqa: E731
         if self.kind == "q8":
             codes = gather(self.codes)
         else:  # words: nibble i of word j = code(row, 8 j + i); GGUF blocks: element j low, j + 16 high nibble
@@ -138,25 +161,14 @@ class QuantizedWeight:
         n, k, g = w.out_features, w.in_features, w.group
         if w.kind == "q4":
             q = w.q4_codes().view(n, k // g, g).float()
-            scales, mins = w._row_major(w.scales), w._row_major(w.mins)
+            scales, mins = from_panels(w.scales, w.lanes), from_panels(w.mins, w.lanes)
             return (q * scales.float()[..., None] + mins.float()[..., None]).view(n, k)
-        q = w.q8_codes().view(n, k // g, g).float() * w._row_major(w.scales).float()[..., None]
-        return (q if w.mins is None else q + w._row_major(w.mins).float()[..., None]).view(n, k)
-
-
-    def _row_major(self, t: torch.Tensor) -> torch.Tensor:
-        """Scales or mins [N, G] row by row (the panel order keeps them [N / lanes][G][lanes])."""
-        if self.order != "panel":
-            return t
-        n, g, lanes = t.shape[0], t.shape[1], self.lanes
-        return t.view(n // lanes, g, lanes).transpose(1, 2).reshape(n, g)
+        q = w.q8_codes().view(n, k // g, g).float() * from_panels(w.scales, w.lanes).float()[..., None]
+        return (q if w.mins is None else q + from_panels(w.mins, w.lanes).float()[..., None]).view(n, k)
 
     def q8_codes(self) -> torch.Tensor:
         """The q8 codes [N, K] in weight order."""
-        if self.order != "panel":
-            return self.codes
-        n, k, lanes = self.out_features, self.in_features, self.lanes
-        return self.codes.view(n // lanes, k, lanes).transpose(1, 2).reshape(n, k)
+        return from_panels(self.codes, self.lanes)
 
     def q4_codes(self) -> torch.Tensor:
         """The q4 codes one per byte, [N, K], in weight order."""
@@ -182,7 +194,8 @@ class QuantizedWeight:
         if order == "x8" and (self.kind != "q4" or k % 64):
             raise ValueError(f"byte order 'x8' is for q4 codes with in_features % 64 == 0, not {self.kind} {k}")
         q = self.q4_codes() if self.kind == "q4" else self.q8_codes()
-        scales, mins = self._row_major(self.scales), None if self.mins is None else self._row_major(self.mins)
+        scales = from_panels(self.scales, self.lanes)
+        mins = None if self.mins is None else from_panels(self.mins, self.lanes)
         if order == "panel":
             if lanes <= 0 or n % lanes:
                 raise ValueError(f"byte order 'panel' is for out_features a multiple of {lanes}, not {n}")
@@ -191,11 +204,9 @@ class QuantizedWeight:
                 words = (parts << (4 * torch.arange(8))).sum(dim=-1)  # [N / L, K / 8, L]
                 codes = words.to(torch.int32).contiguous().view(torch.uint8).view(n, k // 2)
             else:  # [N / L][K][L]
-                codes = q.view(n // lanes, lanes, k).transpose(1, 2).contiguous().view(n, k)
-            def panel(t: torch.Tensor | None) -> torch.Tensor | None:
-                return None if t is None else t.view(n // lanes, lanes, -1).transpose(1, 2).contiguous().view(n, -1)
-
-            return replace(self, codes=codes, scales=panel(scales), mins=panel(mins), order=order, lanes=lanes)
+                codes = to_panels(q, lanes)
+            return replace(self, codes=codes, scales=to_panels(scales, lanes),
+                           mins=None if mins is None else to_panels(mins, lanes), order=order, lanes=lanes)
         if self.kind == "q8":
             return replace(self, codes=q.contiguous(), scales=scales, mins=mins, order=order, lanes=0)
         if order == "x8":

@@ -35,7 +35,7 @@ import torch
 
 from tgi_llm.native_build import build_library
 from tgi_llm.native_vectors import VECTORS_C
-from tgi_llm.quant.formats import QuantizedWeight
+from tgi_llm.quant.formats import QuantizedWeight, to_panels
 
 logger = logging.getLogger(__name__)
 
@@ -884,33 +884,12 @@ class WeightDesc(ctypes.Structure):
 
 def dense_desc(weight: torch.Tensor, bias: torch.Tensor | None = None, panel: bool = False) -> WeightDesc:
     """`qweight_t` of a float32 weight [N, K] (K a multiple of 16): the float kernels of `quant_apply`. With
-    `panel` its elements are in the panel order (`float_panels`)."""
+    `panel` its elements are in the panel order (formats.to_panels)."""
     n, k = weight.shape
     assert weight.dtype == torch.float32 and weight.is_contiguous() and k % 16 == 0
     if bias is not None:
         assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (n,)
     return WeightDesc(QW_F32_PANEL if panel else QW_F32, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
-
-
-def float_panels(weight: torch.Tensor, lanes: int) -> torch.Tensor:
-    """A float weight [N, K] (N a multiple of `lanes`) in the panel order: [N / lanes][K][lanes], viewed
-    as [N, K]. The GEMM reads it in place."""
-    n, k = weight.shape
-    return weight.view(n // lanes, lanes, k).transpose(1, 2).contiguous().view(n, k)
-
-
-def float_rows(panels: torch.Tensor, lanes: int) -> torch.Tensor:
-    """The inverse of `float_panels`."""
-    n, k = panels.shape
-    return panels.view(n // lanes, k, lanes).transpose(1, 2).contiguous().view(n, k)
-
-
-def float_panel_rows(panels: torch.Tensor, index: torch.Tensor, lanes: int) -> torch.Tensor:
-    """Rows `index` (any shape) of a weight in the panel order, [*index.shape, K]: an embedding lookup."""
-    n, k = panels.shape
-    flat = index.reshape(-1)
-    rows = panels.view(n // lanes, k, lanes)[flat // lanes, :, flat % lanes]
-    return rows.view(*index.shape, k)
 
 
 class QuantKernels:
@@ -979,7 +958,7 @@ def _self_check(kernels: QuantKernels) -> None:
             if not torch.allclose(fn(x, qw), x @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
                 raise RuntimeError(f"{qw.source} {name} disagrees with torch")
     wf = torch.randn(3 * kernels.q8_panel_lanes, 128, generator=gen)
-    wf_panels = float_panels(wf, kernels.q8_panel_lanes)
+    wf_panels = to_panels(wf, kernels.q8_panel_lanes)
     for gemm_min in (0, 100):  # float32 weights: the GEMM and the decode kernel, plain and panel order
         if not torch.allclose(kernels.apply(x, dense_desc(w), gemm_min), x @ w.T, rtol=1e-4, atol=1e-4):
             raise RuntimeError(f"float32 {'gemm' if gemm_min == 0 else 'linear'} disagrees with torch")
