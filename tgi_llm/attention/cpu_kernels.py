@@ -67,6 +67,7 @@ static inline __attribute__((always_inline)) void decode_head(
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* kb = kc + (int64_t)table[j] * BS * tok;
         if (l0 + BS < L) prefetch_rows(kc + (int64_t)table[j + 1] * BS * tok, BS, tok, D);
+        prefetch_rows(vc + (int64_t)table[j] * BS * tok, n, tok, D); /* in L2 by p . v: the fetch overlaps */
         int64_t t = 0;
         for (; t + 4 <= n; t += 4)
             for (int64_t g = 0; g < G; g++) {
