@@ -137,3 +137,40 @@ def test_memory_is_trimmed_when_the_last_request_ends_not_while_it_runs():
         time.sleep(0.005)
     responder.stop()
     assert trims == [1]
+
+
+class CountingApi(FakeApi):
+    """Reads the success and failure counters at the moment each final response is sent."""
+
+    def __init__(self, families) -> None:
+        super().__init__()
+        self.families = families
+        self.counted_at_final: list[tuple[float, float]] = []
+
+    def send(self, sender, outputs, error, final):
+        if final:
+            self.counted_at_final.append((self.families.value("tgi_request_success"),
+                                          sum(m.value for m in self.families.families["tgi_request_failure"]
+                                              .metrics.values())))
+        super().send(sender, outputs, error, final)
+
+
+def test_a_request_is_counted_before_its_final_response_is_sent():
+    from tgi_llm.triton.metrics import TgiMetrics
+
+    from .fakes import FakeFamilies
+
+    families = FakeFamilies()
+    api = CountingApi(families)
+    responder = Responder(api, metrics=TgiMetrics(families, max_input_tokens=10, max_total_tokens=20),
+                          poll_interval_s=0.005)
+    responder.start()
+    ok, failed = FakeSender(), FakeSender()
+    responder.register(1, Live(ok, stream=False, details=False))
+    responder.callback(1)(final(1, "x"))
+    assert ok.done.wait(WAIT)
+    responder.register(2, Live(failed, stream=False, details=False))
+    responder.callback(2)(ErrorEvent(2, CancelledError()))
+    assert failed.done.wait(WAIT)
+    responder.stop()
+    assert api.counted_at_final == [(1.0, 0.0), (1.0, 1.0)]  # a client that holds its final sees it counted

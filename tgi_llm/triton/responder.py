@@ -199,8 +199,9 @@ class Responder:
                 self._finish_error(key, GenerationError(f"could not build the response: {exc}"), None)
                 return
             del self._live[key]
-            self._api.send(live.sender, outputs, None, True)
+            # Counted before the final is sent, so a client holding its final response sees it in /metrics.
             self._record(lambda m: m.request_succeeded(event, time.monotonic() - live.received_at))
+            self._api.send(live.sender, outputs, None, True)
         elif isinstance(event, ErrorEvent):
             self._finish_error(key, event.error, held.pop(key, None))
 
@@ -222,8 +223,8 @@ class Responder:
         if last is not None:
             self._send_token(key, last)  # text generated before the error still reaches the client
         del self._live[key]
-        self._api.send(live.sender, None, error, True)
         self._record(lambda m: m.request_failed(error))
+        self._api.send(live.sender, None, error, True)
 
     def _poll(self) -> None:
         for live in list(self._live.values()):
