@@ -26,3 +26,17 @@ def test_float_checkpoint_quantized_on_load_generates(tiny_llama_dir, mode):
 def test_bad_combinations_fail_at_start_up(tiny_llama_dir, kwargs, match):
     with pytest.raises(ValueError, match=match):
         LLM(str(tiny_llama_dir), kv_cache_memory_gb=0.01, **kwargs)
+
+
+def test_unset_quantize_dequantizes_a_gguf_where_its_kernels_do_not_apply(default_model_dir):
+    """A GPU or `--dtype bfloat16` with the default (GGUF) model starts on floats, not with an error."""
+    import torch
+
+    from tgi_llm.models.llama import load_model
+    from tgi_llm.quant.modes import Quantization
+
+    model, _ = load_model(default_model_dir, dtype=torch.bfloat16)
+    assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    with pytest.raises(ValueError, match="float32 activations"):
+        load_model(default_model_dir, dtype=torch.bfloat16, quantization=Quantization("gguf"))

@@ -338,10 +338,12 @@ def load_model(
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model from a HF directory. With no backend given, one is picked on the first forward
     (it depends on the KV block size, which the runner decides). `quantization` None: a directory
-    converted from a GGUF runs the GGUF's blocks, float checkpoints run in `dtype` (quant/modes.py)."""
+    converted from a GGUF runs the GGUF's blocks on the CPU in float32 and floats elsewhere, float
+    checkpoints run in `dtype` (quant/modes.py)."""
     config = ModelConfig.from_model_dir(model_dir)
-    weights = WeightLoader(model_dir, config, quantization, shard)
-    if weights.quantized and (torch.device(device).type != "cpu" or dtype != torch.float32):
+    kernels_apply = torch.device(device).type == "cpu" and dtype == torch.float32
+    weights = WeightLoader(model_dir, config, quantization, shard, kernels_apply)
+    if weights.quantized and not kernels_apply:
         raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU with float32 "
                          f"activations; got device {device} and --dtype {str(dtype).removeprefix('torch.')} "
                          "(use --quantize float for float weights in that dtype)")

@@ -27,11 +27,15 @@ Parallel = Literal["column", "row", "vocab", "replicated"]
 _SPLIT_DIM: dict[str, int | None] = {"column": 0, "vocab": 0, "row": 1, "replicated": None}
 
 
-def resolve_quantization(model_dir, quantization: Quantization | None) -> Quantization:
-    """Unset: a directory converted from a GGUF that still exists runs its blocks, anything else floats."""
+def resolve_quantization(model_dir, quantization: Quantization | None, kernels_apply: bool = True) -> Quantization:
+    """Unset: a directory converted from a GGUF that still exists runs its blocks, anything else floats.
+    Where the quantized kernels do not apply (a GPU, or activations other than float32) an unset value
+    means floats, so the default model also starts there; asked for explicitly, it is load_model's error."""
     gguf = source_gguf(model_dir)
     if quantization is None:
-        return Quantization("gguf" if gguf is not None else "float")
+        if gguf is not None and not kernels_apply:
+            logger.info("the GGUF's blocks run on the CPU with float32 activations only: dequantizing them")
+        return Quantization("gguf" if gguf is not None and kernels_apply else "float")
     if quantization.mode == "gguf" and gguf is None:
         raise ValueError(f"`--quantize gguf` needs a .gguf model; {model_dir} holds float weights "
                          "(use --quantize int8 or int4 to quantize them on load)")
@@ -40,9 +44,9 @@ def resolve_quantization(model_dir, quantization: Quantization | None) -> Quanti
 
 class WeightLoader:
     def __init__(self, model_dir, config: ModelConfig | None, quantization: Quantization | None,
-                 shard: Shard = NO_SHARD) -> None:
+                 shard: Shard = NO_SHARD, kernels_apply: bool = True) -> None:
         self.floats = SafetensorsWeights(model_dir)
-        self.quantization = resolve_quantization(model_dir, quantization)
+        self.quantization = resolve_quantization(model_dir, quantization, kernels_apply)
         self.shard = shard
         self.gguf = None
         if self.quantization.mode == "gguf":
