@@ -80,7 +80,7 @@ static inline float vhmax(V v) {
 #endif
 }
 
-/* exp on VL lanes for x <= 0 (Cephes expf, ~1 ulp; below -87 it returns ~1e-38, never 0). */
+/* exp on VL lanes for x <= 88 (Cephes expf, ~1 ulp; below -87 it returns ~1e-38, never 0). */
 static inline V vexp(V x) {
     const V lo = vset1(-87.0f), magic = vset1(12582912.0f); /* 1.5 * 2^23: round to nearest */
     x = vblend(x < lo, lo, x);

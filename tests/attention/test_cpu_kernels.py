@@ -129,6 +129,24 @@ def test_prefill_of_a_chunk_after_cached_tokens_matches_reference(cached, new):
     assert out[0].isnan().all() and out[-1].isnan().all()
 
 
+
+def test_prefill_follows_scores_that_climb_far_past_the_running_max():
+    """Keys drift along one direction: rows facing it see scores rise by ~150 over the context, more than
+    float32's exp can span, so their running max must move again and again past the kernel's lazy-rescale
+    margin; rows facing away see them fall. Both kinds share the kernel's vectors."""
+    gen = torch.Generator().manual_seed(7)
+    n, dim = 300, 64
+    direction = torch.nn.functional.normalize(torch.randn(dim, generator=gen), dim=0)
+    k = torch.randn(n, 3, dim, generator=gen) + torch.linspace(0, 150, n)[:, None, None] * direction
+    v = torch.randn(n, 3, dim, generator=gen)
+    signs = torch.where(torch.rand(n, 9, 1, generator=gen) < 0.5, -1.0, 1.0)
+    q = (torch.randn(n, 9, dim, generator=gen) + 8 * direction) * signs
+    k_cache, v_cache, tables = paged([(k, v)], 3, dim, 16, gen)
+    out = torch.full_like(q, float("nan"))
+    kernel.prefill(q, out, k_cache, v_cache, tables, [PrefillSequence(0, n, n, 0)], 0.125)
+    # scores near 150 carry float32 rounding of ~1e-5 into every exp: looser than the tests above
+    torch.testing.assert_close(out, causal_reference(q, k, v, 0.125), rtol=1e-3, atol=2e-4)
+
 def test_chunks_of_a_prompt_give_the_rows_of_the_whole_prompt():
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(90, h, 64, generator=gen) for h in (9, 3, 3))

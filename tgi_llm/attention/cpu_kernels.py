@@ -157,96 +157,147 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
 
 /* ---- prefill: causal attention of prompt chunks over their context, K/V read in place (flash style) ----
    One work item per (sequence, query tile, KV head): a tile's rows are up to MAXQ (token, query head of the
-   group) pairs. Keys go 16 at a time, transposed once per (sequence, KV head) into [D][16] tiles (16 / VL
-   vectors per d) that all its query tiles share; scores by a register-blocked micro-kernel (12 vector
-   accumulators: 6 rows x 2 vectors on AVX2, 12 x 1 on AVX-512), an online softmax per row, then p . v with
-   3 rows x 4 vectors of D in registers. */
+   group) pairs, held transposed ([D][rows]) so that the online softmax runs down the lanes. A key's scores
+   for VL rows are one vector (its d-th element broadcast against the rows' d-th elements), so the row
+   maxima, sums and rescales are lane-wise with no horizontal reductions, and the keys are read in place
+   from the cache, never transposed. Then p . v with RP rows x CB vectors of D in registers. */
 
-#define KT 16
-#define NV (KT / VL)
-#define RQ (12 / NV)
-#define RP 3
+#define KT 16 /* keys per tile */
+#define MAXQ 48 /* rows per work item: a multiple of VL */
+#if VL == 16
+#define TK 8 /* keys x row vectors per score register block: 8 x 3 accumulators */
+#define RB 3
+#define RP 4
+#else
+#define TK 4
+#define RB 3
+#define RP 2
+#endif
 #define CB 4
-#define MAXQ 48 /* rows per work item: a multiple of 12, so of RQ and RP */
+/* The running max of a row moves only when a score passes it by this much (lazy rescaling), so the
+   accumulators are rarely rescaled and exp(x - max) stays below e^8. Numerators and sum share the max: the
+   result is the same up to rounding. */
+#define RESCALE_MARGIN 8.0f
 
-static inline int64_t padded_keys(const int64_t L) { return (L + KT - 1) / KT * KT; } /* transposed length */
 static inline int64_t ceil_div(const int64_t a, const int64_t b) { return (a + b - 1) / b; }
 
 static inline const float* key_row(const float* base, const int32_t* table, int64_t j, int64_t BS, int64_t tok) {
     return base + ((int64_t)table[j / BS] * BS + j % BS) * tok;
 }
 
-static void prefill_item(const float* restrict q, const int64_t qs, float* restrict out, const float* vc,
-                         const int32_t* restrict table, const int64_t BS, const int64_t tok,
+static inline int vany(VI m) {
+#if defined(__AVX512F__)
+    return _mm512_test_epi32_mask((__m512i)m, (__m512i)m) != 0;
+#elif defined(__AVX2__) && defined(__FMA__)
+    return _mm256_movemask_ps((__m256)m) != 0;
+#else
+    for (int i = 0; i < VL; i++)
+        if (m[i]) return 1;
+    return 0;
+#endif
+}
+
+/* pt[t][n0 * VL ...] = the scores of keys t0 .. t0 + TK - 1 for R row vectors from n0 (R: a constant once
+   inlined, so the accumulators stay in registers) */
+static inline __attribute__((always_inline)) void score_block(const float* restrict qt, const int64_t NRV,
+                                                              const float* const* krow, const int64_t D,
+                                                              float* restrict pt, const int64_t n0, const int R) {
+    V s[TK][RB];
+    UNROLL for (int t = 0; t < TK; t++) UNROLL for (int r = 0; r < RB; r++) s[t][r] = vzero();
+    for (int64_t d = 0; d < D; d++) {
+        V qv[RB];
+        UNROLL for (int r = 0; r < RB; r++) if (r < R) qv[r] = vld(qt + d * NRV + (n0 + r) * VL);
+        UNROLL for (int t = 0; t < TK; t++) {
+            const V kb = vset1(krow[t][d]);
+            UNROLL for (int r = 0; r < RB; r++) if (r < R) s[t][r] = vfma(qv[r], kb, s[t][r]);
+        }
+    }
+    UNROLL for (int t = 0; t < TK; t++)
+        UNROLL for (int r = 0; r < RB; r++) if (r < R) vst(pt + t * NRV + (n0 + r) * VL, s[t][r]);
+}
+
+static void prefill_item(const float* restrict q, const int64_t qs, float* restrict out, const float* kc,
+                         const float* vc, const int32_t* restrict table, const int64_t BS, const int64_t tok,
                          const int64_t h, const int64_t G, const int64_t Hq, const int64_t D, const int64_t i0,
-                         const int64_t m, const int64_t off, const float scale, const float* restrict kts,
-                         float* restrict qf, float* restrict acc, float* restrict p) {
+                         const int64_t m, const int64_t off, const float scale,
+                         float* restrict qt, float* restrict acc, float* restrict pt) {
     /* queries: tokens i0 .. i0 + m - 1 of the chunk (context positions off + i0 ...), heads h*G .. h*G+G-1;
-       row r = token (r / G), head (r % G) */
-    const int64_t NQ = m * G, NQP = (NQ + 11) / 12 * 12, end = off + i0 + m;
-    float mx[MAXQ], l[MAXQ];
-    for (int64_t r = 0; r < NQP; r++) {
-        float* qr = qf + r * D;
+       row r = token (r / G), head (r % G); rows past NQ (padding) see every key with a zero query */
+    const int64_t NQ = m * G, NR = ceil_div(NQ, VL), NRV = NR * VL, end = off + i0 + m;
+    int32_t last[MAXQ];
+    for (int64_t r = 0; r < NRV; r++) {
         if (r < NQ) {
             const float* src = q + (i0 + r / G) * qs + (h * G + r % G) * D;
-            for (int64_t d = 0; d < D; d++) qr[d] = src[d] * scale;
+            for (int64_t d = 0; d < D; d++) qt[d * NRV + r] = src[d] * scale;
         } else {
-            memset(qr, 0, D * sizeof(float));
+            for (int64_t d = 0; d < D; d++) qt[d * NRV + r] = 0.f;
         }
+        last[r] = (int32_t)(r < NQ ? off + i0 + r / G : end - 1);
         memset(acc + r * D, 0, D * sizeof(float));
-        mx[r] = -INFINITY;
-        l[r] = 0.f;
     }
+    V mx[MAXQ / VL], l[MAXQ / VL];
+    VI lastv[MAXQ / VL];
+    for (int64_t n = 0; n < NR; n++) {
+        mx[n] = vset1(-INFINITY);
+        l[n] = vzero();
+        memcpy(&lastv[n], last + n * VL, sizeof(VI));
+    }
+    const float* krow[KT];
     const float* vrow[KT];
     for (int64_t j0 = 0; j0 < end; j0 += KT) {
         const int64_t nk = end - j0 < KT ? end - j0 : KT;
-        const float* kt = kts + j0 * D; /* this tile's keys, [D][KT] */
-        for (int64_t t = 0; t < nk; t++) vrow[t] = key_row(vc, table, j0 + t, BS, tok);
-        for (int64_t r0 = 0; r0 < NQP; r0 += RQ) {
-            V s[RQ][NV];
-            UNROLL for (int r = 0; r < RQ; r++) UNROLL for (int v = 0; v < NV; v++) s[r][v] = vzero();
-            for (int64_t d = 0; d < D; d++) {
-                V kv[NV];
-                UNROLL for (int v = 0; v < NV; v++) kv[v] = vld(kt + d * KT + v * VL);
-                UNROLL for (int r = 0; r < RQ; r++) {
-                    const V qb = vset1(qf[(r0 + r) * D + d]);
-                    UNROLL for (int v = 0; v < NV; v++) s[r][v] = vfma(qb, kv[v], s[r][v]);
-                }
-            }
-            UNROLL for (int r = 0; r < RQ; r++)
-                UNROLL for (int v = 0; v < NV; v++) vst(p + (r0 + r) * KT + v * VL, s[r][v]);
+        for (int64_t t = 0; t < KT; t++) { /* keys past the end: any valid row, masked below */
+            const int64_t j = j0 + (t < nk ? t : nk - 1);
+            krow[t] = key_row(kc, table, j, BS, tok) + h * D;
+            vrow[t] = key_row(vc, table, j, BS, tok) + h * D;
         }
-        for (int64_t r = 0; r < NQP; r++) {
-            float* pr = p + r * KT;
-            const int64_t last = off + i0 + r / G; /* the last key this row sees */
-            if (r >= NQ || j0 > last) { /* padding, or a tile wholly in this row's future */
-                memset(pr, 0, KT * sizeof(float));
-                continue;
+        for (int64_t t0 = 0; t0 < KT; t0 += TK)
+            for (int64_t n0 = 0; n0 < NR; n0 += RB) {
+                const int64_t R = NR - n0 < RB ? NR - n0 : RB;
+                if (R == RB)
+                    score_block(qt, NRV, krow + t0, D, pt + t0 * NRV, n0, RB);
+#if RB > 2
+                else if (R == 2)
+                    score_block(qt, NRV, krow + t0, D, pt + t0 * NRV, n0, 2);
+#endif
+                else
+                    score_block(qt, NRV, krow + t0, D, pt + t0 * NRV, n0, 1);
             }
-            if (j0 + KT - 1 > last)
-                for (int64_t t = last - j0 + 1; t < KT; t++) pr[t] = -INFINITY;
-            V mv = vld(pr);
-            for (int v = 1; v < NV; v++) mv = vmax(mv, vld(pr + v * VL));
-            const float tmax = vhmax(mv);
-            if (tmax > mx[r]) { /* rescale what was summed under the old max */
-                if (mx[r] != -INFINITY) {
-                    const float corr = expf(mx[r] - tmax);
-                    l[r] *= corr;
-                    for (int64_t c = 0; c < D; c += VL) vst(acc + r * D + c, vmul(vld(acc + r * D + c), vset1(corr)));
+        const int masked = j0 + KT - 1 > off + i0; /* some key of the tile is in some row's future */
+        for (int64_t n = 0; n < NR; n++) {
+            float* p = pt + n * VL;
+            if (masked)
+                for (int64_t t = 0; t < KT; t++) {
+                    const VI future = ((VI){0} + (int32_t)(j0 + t)) > lastv[n];
+                    vst(p + t * NRV, vblend(future, vset1(-INFINITY), vld(p + t * NRV)));
                 }
-                mx[r] = tmax;
+            V tmax = vld(p);
+            for (int64_t t = 1; t < KT; t++) tmax = vmax(tmax, vld(p + t * NRV));
+            const VI up = tmax > mx[n] + vset1(RESCALE_MARGIN);
+            if (vany(up)) { /* rescale what was summed under the old max, in the rows whose max moves */
+                const V moved = vblend(up, tmax, mx[n]);
+                const V corr = vblend(mx[n] > vset1(-INFINITY), vexp(mx[n] - moved), vzero());
+                float c[VL];
+                vst(c, corr);
+                l[n] = vmul(l[n], corr);
+                for (int64_t i = 0; i < VL; i++)
+                    if (c[i] != 1.f) {
+                        float* a = acc + (n * VL + i) * D;
+                        for (int64_t d = 0; d < D; d += VL) vst(a + d, vmul(vld(a + d), vset1(c[i])));
+                    }
+                mx[n] = moved;
             }
-            const V mb = vset1(mx[r]);
-            V sum = vzero();
-            for (int v = 0; v < NV; v++) {
-                const V x = vld(pr + v * VL);
+            const V mb = mx[n];
+            V sum = l[n];
+            for (int64_t t = 0; t < KT; t++) {
+                const V x = vld(p + t * NRV);
                 const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero()); /* masked keys weigh 0 */
-                vst(pr + v * VL, e);
+                vst(p + t * NRV, e);
                 sum = vadd(sum, e);
             }
-            l[r] += vsum(sum);
+            l[n] = sum;
         }
-        for (int64_t r0 = 0; r0 < NQP; r0 += RP) {
+        for (int64_t r0 = 0; r0 < NRV; r0 += RP) {
             int64_t c0 = 0;
             for (; c0 + CB * VL <= D; c0 += CB * VL) {
                 V a[RP][CB];
@@ -254,9 +305,9 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
                     UNROLL for (int c = 0; c < CB; c++) a[r][c] = vld(acc + (r0 + r) * D + c0 + c * VL);
                 for (int64_t t = 0; t < nk; t++) {
                     V vv[CB];
-                    UNROLL for (int c = 0; c < CB; c++) vv[c] = vld(vrow[t] + h * D + c0 + c * VL);
+                    UNROLL for (int c = 0; c < CB; c++) vv[c] = vld(vrow[t] + c0 + c * VL);
                     UNROLL for (int r = 0; r < RP; r++) {
-                        const V pb = vset1(p[(r0 + r) * KT + t]);
+                        const V pb = vset1(pt[t * NRV + r0 + r]);
                         UNROLL for (int c = 0; c < CB; c++) a[r][c] = vfma(pb, vv[c], a[r][c]);
                     }
                 }
@@ -266,45 +317,29 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
             for (; c0 < D; c0 += VL) /* head sizes that are not a multiple of CB vectors */
                 for (int r = 0; r < RP; r++) {
                     V a = vld(acc + (r0 + r) * D + c0);
-                    for (int64_t t = 0; t < nk; t++)
-                        a = vfma(vset1(p[(r0 + r) * KT + t]), vld(vrow[t] + h * D + c0), a);
+                    for (int64_t t = 0; t < nk; t++) a = vfma(vset1(pt[t * NRV + r0 + r]), vld(vrow[t] + c0), a);
                     vst(acc + (r0 + r) * D + c0, a);
                 }
         }
     }
+    float lsum[MAXQ];
+    for (int64_t n = 0; n < NR; n++) vst(lsum + n * VL, l[n]);
     for (int64_t r = 0; r < NQ; r++) {
-        const V inv = vset1(1.f / l[r]);
+        const V inv = vset1(1.f / lsum[r]);
         float* o = out + ((i0 + r / G) * Hq + h * G + r % G) * D;
         for (int64_t c = 0; c < D; c += VL) vst(o + c, vmul(vld(acc + r * D + c), inv));
     }
 }
 
-/* One (sequence, kv head)'s first L keys as [tiles][D][KT], zero past L: the score micro-kernel's layout,
-   shared by all the query tiles of the sequence. */
-static void transpose_keys(const float* kc, const int32_t* table, const int64_t BS, const int64_t tok,
-                           const int64_t D, const int64_t L, float* restrict kt) {
-    for (int64_t j0 = 0; j0 < L; j0 += KT)
-        for (int64_t t = 0; t < KT; t++) {
-            float* dst = kt + j0 * D + t;
-            if (j0 + t < L) {
-                const float* src = key_row(kc, table, j0 + t, BS, tok);
-                for (int64_t d = 0; d < D; d++) dst[d * KT] = src[d];
-            } else {
-                for (int64_t d = 0; d < D; d++) dst[d * KT] = 0.f;
-            }
-        }
-}
-
 /* Sequence s: its queries are rows qstart[s] .. qstart[s] + qlen[s] - 1 of q (row stride qs) and of out
    ([T, Hq, D] contiguous), the last qlen[s] positions of its klen[s]-token context, whose K/V (new tokens
    included) are in the paged cache ([blocks, BS, Hkv, D]) through block table row tables + trow[s] * W.
-   kt: scratch for the transposed keys, Hkv * D * (klen[s] rounded up to KT) floats at ktoff[s].
    Work items: (sequence, query tile, kv head), the latest tiles (the most keys) first so the dynamic
    schedule ends balanced. Returns 0, or -1 when a thread's scratch could not be allocated. */
 int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
-                      const int64_t* qlen, const int64_t* klen, const int64_t* ktoff, float* kt, int64_t S,
-                      int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads) {
+                      const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                      int64_t BS, float scale, int nthreads) {
     const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D; /* MT: tokens per tile (G <= MAXQ) */
     int64_t items = 0;
     for (int64_t s = 0; s < S; s++) items += Hkv * ceil_div(qlen[s], MT);
@@ -317,29 +352,22 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t sh = 0; sh < S * Hkv; sh++) {
-            const int64_t s = sh / Hkv, h = sh % Hkv;
-            transpose_keys(kc + h * D, tables + trow[s] * W, BS, tok, D, klen[s],
-                           kt + ktoff[s] + h * padded_keys(klen[s]) * D);
-        }
-#pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (scratch == NULL) continue;
             int64_t rest = it, s = 0;
             while (rest >= Hkv * ceil_div(qlen[s], MT)) rest -= Hkv * ceil_div(qlen[s++], MT);
             const int64_t tile = ceil_div(qlen[s], MT) - 1 - rest / Hkv, h = rest % Hkv;
             const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
-            float *qf = scratch, *acc = qf + MAXQ * D, *p = acc + MAXQ * D;
-            const float* kts = kt + ktoff[s] + h * padded_keys(klen[s]) * D;
+            float *qt = scratch, *acc = qt + MAXQ * D, *pt = acc + MAXQ * D;
             const float* qq = q + qstart[s] * qs;
             float* oo = out + qstart[s] * Hq * D;
             const int32_t* table = tables + trow[s] * W;
             if (D == 64)
-                prefill_item(qq, qs, oo, vc, table, BS, tok, h, G, Hq, 64, i0, m, klen[s] - qlen[s], scale, kts,
-                             qf, acc, p);
+                prefill_item(qq, qs, oo, kc, vc, table, BS, tok, h, G, Hq, 64, i0, m, klen[s] - qlen[s], scale,
+                             qt, acc, pt);
             else
-                prefill_item(qq, qs, oo, vc, table, BS, tok, h, G, Hq, D, i0, m, klen[s] - qlen[s], scale, kts,
-                             qf, acc, p);
+                prefill_item(qq, qs, oo, kc, vc, table, BS, tok, h, G, Hq, D, i0, m, klen[s] - qlen[s], scale,
+                             qt, acc, pt);
         }
         free(scratch);
     }
@@ -351,8 +379,6 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
 _MAX_QUERY_HEADS = 256
 #: Query heads per KV head the prefill kernel's work items hold (MAXQ in the C source).
 MAX_PREFILL_GROUP = 48
-#: Keys per tile of the prefill kernel (KT in the C source).
-_KEY_TILE = 16
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
@@ -370,7 +396,7 @@ class CpuAttentionKernels:
         #: `paged_decode_f32`'s address, for C callers (the fused decode stack)
         self.decode_address = ctypes.cast(self._decode, ctypes.c_void_p).value
         self._prefill = lib.paged_prefill_f32
-        self._prefill.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64] + [ptr] * 6 + [i64] * 5 + [f32, i32]
+        self._prefill.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64] + [ptr] * 4 + [i64] * 5 + [f32, i32]
         self._prefill.restype = ctypes.c_int
         #: `paged_prefill_f32`'s address, for C callers (the fused layer stack)
         self.prefill_address = ctypes.cast(self._prefill, ctypes.c_void_p).value
@@ -439,27 +465,21 @@ class CpuAttentionKernels:
         q = q if _rows_ok(q) else q.contiguous()
         _, block_size, kv_heads, dim = k_cache.shape
         tables = block_tables.to(torch.int32).contiguous()
-        meta, key_tiles = prefill_arguments(sequences, kv_heads, dim)
+        meta = prefill_arguments(sequences)
         failed = self._prefill(
             q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-            tables.shape[1], *(row.data_ptr() for row in meta), key_tiles.data_ptr(), len(sequences), q.shape[1],
+            tables.shape[1], *(row.data_ptr() for row in meta), len(sequences), q.shape[1],
             kv_heads, dim, block_size, scale, torch.get_num_threads(),
         )
         if failed:
             raise MemoryError("prefill attention kernel: no memory for its per-thread scratch")
 
 
-def prefill_arguments(sequences: list[PrefillSequence], kv_heads: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """What `paged_prefill_f32` takes for these sequences: [5, S] int64 rows (table rows, first query rows,
-    query counts, context lengths, offsets into the key scratch) and that scratch (keys go in tiles)."""
-    padded = [-(-s.context_len // _KEY_TILE) * _KEY_TILE for s in sequences]
-    offsets = [0]
-    for n in padded[:-1]:
-        offsets.append(offsets[-1] + n * kv_heads * dim)
-    meta = torch.tensor([[s.table_row for s in sequences], [s.first_row for s in sequences],
-                         [s.num_queries for s in sequences], [s.context_len for s in sequences], offsets],
-                        dtype=torch.int64)
-    return meta, torch.empty(sum(padded) * kv_heads * dim, dtype=torch.float32)
+def prefill_arguments(sequences: list[PrefillSequence]) -> torch.Tensor:
+    """What `paged_prefill_f32` takes for these sequences: [4, S] int64 rows (table rows, first query rows,
+    query counts, context lengths)."""
+    return torch.tensor([[s.table_row for s in sequences], [s.first_row for s in sequences],
+                         [s.num_queries for s in sequences], [s.context_len for s in sequences]], dtype=torch.int64)
 
 
 @dataclass(frozen=True)

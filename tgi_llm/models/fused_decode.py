@@ -59,15 +59,14 @@ typedef void (*attention_fn)(const float* q, const float* kc, const float* vc, c
 /* paged_prefill_f32 of attention/cpu_kernels.py */
 typedef int (*prefill_fn)(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
                           const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
-                          const int64_t* qlen, const int64_t* klen, const int64_t* ktoff, float* kt, int64_t S,
-                          int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads);
+                          const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv,
+                          int64_t D, int64_t BS, float scale, int nthreads);
 
 /* The prompt chunks of a step, as paged_prefill_f32 takes them (S = 0: a decode step) */
 typedef struct {
     prefill_fn run;
     int64_t S;
-    const int64_t *trow, *qstart, *qlen, *klen, *ktoff;
-    float* kt; /* scratch for the transposed keys */
+    const int64_t *trow, *qstart, *qlen, *klen;
 } prompts_t;
 
 /* as RMSNorm.forward: x * rsqrt(mean(x^2) + eps), then times the weight */
@@ -149,8 +148,8 @@ int layer_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn a
             attention(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride, scale,
                       nthreads);
         if (prompts->S && prompts->run(q, Hq * D, att, ly->k_cache, ly->v_cache, tables, W, prompts->trow,
-                                       prompts->qstart, prompts->qlen, prompts->klen, prompts->ktoff, prompts->kt,
-                                       prompts->S, Hq, Hkv, D, BS, scale, nthreads)) {
+                                       prompts->qstart, prompts->qlen, prompts->klen, prompts->S, Hq, Hkv, D, BS,
+                                       scale, nthreads)) {
             free(scratch);
             return -1;
         }
@@ -174,8 +173,7 @@ _FLAGS = (*BASE_FLAGS, "-ffp-contract=off")
 
 class _Prompts(ctypes.Structure):
     _fields_ = [("run", ctypes.c_void_p), ("S", ctypes.c_int64), ("trow", ctypes.c_void_p),
-                ("qstart", ctypes.c_void_p), ("qlen", ctypes.c_void_p), ("klen", ctypes.c_void_p),
-                ("ktoff", ctypes.c_void_p), ("kt", ctypes.c_void_p)]
+                ("qstart", ctypes.c_void_p), ("qlen", ctypes.c_void_p), ("klen", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -316,9 +314,8 @@ class FusedDecode:
             first_rows = list(itertools.accumulate(lens_cpu, initial=0))[:-1]
             sequences = [PrefillSequence(start, n, seq_len, i) for i, (start, n, seq_len)
                          in enumerate(zip(first_rows, lens_cpu, attn.seq_lens_cpu, strict=True)) if i >= decodes]
-            meta, key_tiles = prefill_arguments(sequences, self.kv_heads, self.head_dim)
-            prompts = _Prompts(self._attention.prefill_address, len(sequences),
-                               *(row.data_ptr() for row in meta), key_tiles.data_ptr())
+            meta = prefill_arguments(sequences)
+            prompts = _Prompts(self._attention.prefill_address, len(sequences), *(row.data_ptr() for row in meta))
         failed = self._lib.layer_stack(
             self._layers, len(self._layers), self._apply, self._attention.decode_address, ctypes.byref(prompts),
             hidden.data_ptr(), out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads,
