@@ -245,3 +245,35 @@ def test_a_quantized_model_has_no_float_linears_to_place(tiny_model_factory, cap
         model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
     assert model.float_kernels is None and model.lm_head_desc is None and model.lm_head_packed is None
     assert not any("float32 linears" in m or "packed for oneDNN" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("quantize", ["float", "int8"])
+def test_weights_in_huge_pages_compute_what_ordinary_ones_do(tiny_model_factory, paged_batcher, monkeypatch, caplog,
+                                                             quantize):
+    """Every weight the kernels stream is copied into huge pages at load (the tiny model's are all below
+    MIN_BYTES, so it is lowered): the same logits, bit for bit, as with TGI_LLM_HUGE_PAGES=0."""
+    import logging
+
+    from tgi_llm import hugepages
+    from tgi_llm.quant.modes import Quantization
+
+    model_dir = tiny_model_factory("llama")
+    monkeypatch.setattr(hugepages, "MIN_BYTES", 0)
+    prompts = random_prompts([5, 13], 256)
+
+    def logits():
+        model, config = load_model(model_dir, quantization=Quantization(quantize, 32 if quantize == "int8" else None))
+        return PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32)).step(list(enumerate(prompts)))
+
+    with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
+        placed = logits()
+    # quantized codes always move; float weights when the C kernels take them (oneDNN packs its own)
+    expected = quantize == "int8" or quant_kernels() is not None
+    assert any("weights in huge pages" in m for m in caplog.messages) == expected
+    monkeypatch.setenv("TGI_LLM_HUGE_PAGES", "0")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
+        ordinary = logits()
+    assert not any("weights in huge pages" in m for m in caplog.messages)
+    for a, b in zip(placed, ordinary, strict=True):
+        assert torch.equal(a, b)

@@ -20,6 +20,7 @@ from torch import nn
 
 from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.hugepages import huge_page_bytes, in_huge_pages, weights_in_huge_pages
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.fused_decode import library as fused_decode_library
@@ -109,7 +110,7 @@ class Linear(nn.Module):
         """Run through the C float32 kernels (after `fits_kernels`), in the panel order (rearranged in
         place: the GEMM reads it as it is) where the rows fill whole panels."""
         self.panel_lanes = whole_panels(self.weight.shape[0], kernels.q8_panel_lanes)
-        self.weight.data = to_panels(self.weight.detach(), self.panel_lanes)
+        self.weight.data = in_huge_pages(to_panels(self.weight.detach(), self.panel_lanes))
         self.kernels = kernels
 
     def desc(self) -> WeightDesc:
@@ -240,7 +241,7 @@ class LlamaForCausalLM(nn.Module):
                 # in place, so a tied embedding table follows: `forward` reads its rows from the panels
                 if self.shard.world_size == 1:  # (a vocab-parallel shard's lookup keeps the plain order)
                     self.lm_head_panel_lanes = whole_panels(self.lm_head.shape[0], kernels.q8_panel_lanes)
-                self.lm_head.data = to_panels(self.lm_head.detach(), self.lm_head_panel_lanes)
+                self.lm_head.data = in_huge_pages(to_panels(self.lm_head.detach(), self.lm_head_panel_lanes))
                 self.lm_head_desc = dense_desc(self.lm_head.detach(), panel=self.lm_head_panel_lanes > 0)
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
@@ -347,15 +348,19 @@ def load_model(
         raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU with float32 "
                          f"activations; got device {device} and --dtype {str(dtype).removeprefix('torch.')} "
                          "(use --quantize float for float weights in that dtype)")
-    model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
-    model = model.to(device=device, dtype=dtype).eval()
-    if weights.quantized:
-        # safetensors hands out views of its file mapping; a norm weight kept as one keeps the whole file
-        # resident (540 MB of float32 pages for SmolLM2 that quantizing read once). Own copies instead.
-        for p in model.parameters():
-            p.data = p.data.clone()
-    if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears()):
-        logger.info(chosen)
+    with weights_in_huge_pages() as arena:  # QuantLinear and prepare_cpu_linears place what the kernels stream
+        model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
+        model = model.to(device=device, dtype=dtype).eval()
+        if weights.quantized:
+            # safetensors hands out views of its file mapping; a norm weight kept as one keeps the whole file
+            # resident (540 MB of float32 pages for SmolLM2 that quantizing read once). Own copies instead.
+            for p in model.parameters():
+                p.data = p.data.clone()
+        if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears()):
+            logger.info(chosen)
+    if arena is not None and arena.placed_bytes:
+        logger.info("weights in huge pages: %.1f MB placed, %.1f MB of the process backed by them",
+                    arena.placed_bytes / 1e6, huge_page_bytes() / 1e6)
     prepare_cpu_attention(device, dtype)
     if (weights.quantized or model.float_kernels is not None) and model.device.type == "cpu":
         fused_decode_library()  # built now, not on the first request's first token

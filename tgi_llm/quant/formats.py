@@ -31,6 +31,7 @@ and each weight is rounded once, as gguf-py (and so transformers' GGUF loader) r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -119,8 +120,13 @@ class QuantizedWeight:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     def contiguous(self) -> QuantizedWeight:
-        return replace(self, codes=self.codes.contiguous(), scales=self.scales.contiguous(),
-                       mins=None if self.mins is None else self.mins.contiguous())
+        return self.placed(lambda t: t)
+
+    def placed(self, place: Callable[[torch.Tensor], torch.Tensor]) -> QuantizedWeight:
+        """The same weight, each tensor made contiguous and passed through `place` (which returns an equal
+        tensor, possibly elsewhere in memory)."""
+        return replace(self, codes=place(self.codes.contiguous()), scales=place(self.scales.contiguous()),
+                       mins=None if self.mins is None else place(self.mins.contiguous()))
 
     def rows(self, index: torch.Tensor | slice) -> QuantizedWeight:
         """A subset (or permutation) of output rows: rows are quantized independently, so this is exact."""

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tgi_llm.hugepages import in_huge_pages
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import QW_F32, QW_F32_PANEL, QW_Q8, QW_Q8_PANEL, WeightDesc, quant_kernels
 
@@ -59,7 +60,7 @@ class QuantLinear(nn.Module):
                 weight = weight.with_order("panel", lanes)
             elif weight.kind == "q4" and weight.in_features % 64 == 0:
                 weight = weight.with_order("x8")
-        self.qweight = weight.contiguous()
+        self.qweight = weight.placed(in_huge_pages)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self._desc: WeightDesc | None = None  # made on first use: after Module.to() has placed the bias
 
