@@ -84,3 +84,24 @@ def test_a_prefix_cache_hit_gives_the_logits_of_the_uncached_prompt(model):
     other = uncached_player.add(system + question, max_new_tokens=1)
     uncached = logits_by_request(fresh_runner(model), uncached_player, 1)[other.request_id]
     assert rel_err(cached[-1], uncached[-1]) < 1e-4
+
+
+def test_warm_up_checks_the_fused_stack_and_leaves_no_trace(model):
+    """After warm_up the fused stack exists and has been compared on both kinds of step, so no request pays
+    for that; the blocks it wrote (0 and 1) hold nothing a request later reads."""
+    net, config = model
+    warmed = fresh_runner(model)
+    warmed.warm_up()
+    fused = net._fused[1] if net._fused is not None else None
+    assert fused is not None  # the default model on the CPU runs the fused stack (TGI_LLM_FUSED_DECODE unset)
+    assert fused.checked == {"decode", "mixed"} and fused.agrees
+    rows = {}
+    for name, runner in (("warmed", warmed), ("cold", fresh_runner(model))):
+        player = PlanPlayer(BLOCK, NUM_BLOCKS, next_token=lambda i: 42 + i)
+        for p in prompts(config.vocab_size):
+            player.add(p, max_new_tokens=3)
+        rows[name] = logits_by_request(runner, player, 3)
+    assert rows["warmed"].keys() == rows["cold"].keys()
+    for request_id, want in rows["cold"].items():
+        for got, w in zip(rows["warmed"][request_id], want, strict=True):
+            assert rel_err(got, w) < 1e-4

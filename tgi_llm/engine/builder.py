@@ -110,6 +110,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
     eos = eos_token_ids(model_dir, tokenizer)
     runner = (shards.runner if shards else ModelRunner)(model, kv_caches, block_size, config.vocab_size, device,
                                                         frozenset(eos))
+    if shards is None:
+        runner.warm_up()
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
     from tgi_llm.memory import account, libc_trim

@@ -56,15 +56,34 @@ class ModelRunner:
     def forward_plan(self, plan: StepPlan) -> tuple[BatchInputs, torch.Tensor]:
         """The forward every rank runs: the flat batch, and logits [len(logits_indices), V] (float32)."""
         batch = flatten(plan, self.block_size)
+        return batch, self._forward(batch)
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """A one-block prompt and a decode step through the model, in blocks 0 and 1 of the still empty KV
+        cache, before the first request. What the first forward of each kind builds or checks (the fused
+        layer stack, and its comparison with the torch layers, which runs the step twice) then costs 17
+        tokens at start-up instead of a user's first prompt: a first 512-token chunk paid ~0.7 s for it at
+        float32. Nothing stays: no request holds those blocks and no prefix hash names them. Single-shard
+        only (a shard group's ranks run only the plans rank 0 sends them)."""
+        n = self.block_size
+        if not self.kv_caches or self.kv_caches[0][0].shape[0] < 2:
+            return
+        prompt = BatchInputs(list(range(n)), list(range(n)), list(range(n)), [n], [n], [[0]], [n - 1], [0], [])
+        decode = BatchInputs([n], [n], [n], [1], [n + 1], [[0, 1]], [0], [0], [])
+        for batch in (prompt, decode):
+            self._forward(batch)
+
+    def _forward(self, batch: BatchInputs) -> torch.Tensor:
         dev = self.device
         attn = to_metadata(batch, self.block_size, dev)
         input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=dev)
         positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)
         hidden = self.model(input_ids, positions, self.kv_caches, attn)
         if not batch.logits_indices:  # only prompt chunks that sample nothing: no LM head (on every rank)
-            return batch, hidden.new_empty((0, 0), dtype=torch.float32)
+            return hidden.new_empty((0, 0), dtype=torch.float32)
         rows = torch.tensor(batch.logits_indices, dtype=torch.long, device=dev)
-        return batch, self.model.compute_logits(hidden.index_select(0, rows))
+        return self.model.compute_logits(hidden.index_select(0, rows))
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[SeqResult | None]:
