@@ -66,7 +66,6 @@ def _map(nbytes: int) -> _Mapping:
 class HugePageArena:
     """Places tensors in huge-page chunks for as long as one model loads (`weights_in_huge_pages`)."""
 
-    chunk_bytes: int = CHUNK_BYTES
     placed_bytes: int = 0
     _chunk: _Mapping | None = field(default=None, repr=False)
 
@@ -88,11 +87,11 @@ class HugePageArena:
 
     def _reserve(self, nbytes: int) -> tuple[mmap.mmap, int]:
         """Where `nbytes` go: a mapping and the offset in it."""
-        if nbytes > self.chunk_bytes // 2:
+        if nbytes > CHUNK_BYTES // 2:
             own = _map(nbytes)
             return own.buf, own.start
         if self._chunk is None or self._chunk.used + nbytes > self._chunk.length:
-            self._chunk = _map(self.chunk_bytes)
+            self._chunk = _map(CHUNK_BYTES)
         chunk = self._chunk
         offset = chunk.start + chunk.used
         chunk.used += -(-nbytes // ALIGN) * ALIGN

@@ -110,7 +110,7 @@ class Linear(nn.Module):
         """Run through the C float32 kernels (after `fits_kernels`), in the panel order (rearranged in
         place: the GEMM reads it as it is) where the rows fill whole panels."""
         self.panel_lanes = whole_panels(self.weight.shape[0], kernels.q8_panel_lanes)
-        self.weight.data = in_huge_pages(to_panels(self.weight.detach(), self.panel_lanes))
+        self.weight.data = to_panels(self.weight.detach(), self.panel_lanes, in_huge_pages)
         self.kernels = kernels
 
     def desc(self) -> WeightDesc:
@@ -241,7 +241,7 @@ class LlamaForCausalLM(nn.Module):
                 # in place, so a tied embedding table follows: `forward` reads its rows from the panels
                 if self.shard.world_size == 1:  # (a vocab-parallel shard's lookup keeps the plain order)
                     self.lm_head_panel_lanes = whole_panels(self.lm_head.shape[0], kernels.q8_panel_lanes)
-                self.lm_head.data = in_huge_pages(to_panels(self.lm_head.detach(), self.lm_head_panel_lanes))
+                self.lm_head.data = to_panels(self.lm_head.detach(), self.lm_head_panel_lanes, in_huge_pages)
                 self.lm_head_desc = dense_desc(self.lm_head.detach(), panel=self.lm_head_panel_lanes > 0)
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)

@@ -41,13 +41,15 @@ Kind = Literal["q4", "q8"]
 BLOCK = 32  # q4 codes are packed in blocks of 32 weights (16 bytes)
 
 
-def to_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:
+def to_panels(t: torch.Tensor, lanes: int,
+              place: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
     """A row-major [N, C] tensor (q8 codes, scales, mins, float weights; N a multiple of `lanes`) in the
-    panel order, [N / lanes][C][lanes] viewed as [N, C]; with `lanes` 0 just contiguous."""
+    panel order, [N / lanes][C][lanes] viewed as [N, C]; with `lanes` 0 just contiguous. `place` may copy
+    the rearranged view where it should live (hugepages.in_huge_pages): the one copy either way."""
     if not lanes:
-        return t.contiguous()
+        return place(t.contiguous())
     n = t.shape[0]
-    return t.view(n // lanes, lanes, -1).transpose(1, 2).contiguous().view(n, -1)
+    return place(t.view(n // lanes, lanes, -1).transpose(1, 2)).contiguous().view(n, -1)
 
 
 def from_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:

@@ -69,8 +69,11 @@ class ModelRunner:
         n = self.block_size
         if not self.kv_caches or self.kv_caches[0][0].shape[0] < 2:
             return
-        prompt = BatchInputs(list(range(n)), list(range(n)), list(range(n)), [n], [n], [[0]], [n - 1], [0], [])
-        decode = BatchInputs([n], [n], [n], [1], [n + 1], [[0, 1]], [0], [0], [])
+        prompt = BatchInputs(input_ids=list(range(n)), positions=list(range(n)), slot_mapping=list(range(n)),
+                             query_lens=[n], seq_lens=[n], block_tables=[[0]], logits_indices=[n - 1],
+                             sample_seqs=[0], prompt_logprob_rows=[])
+        decode = BatchInputs(input_ids=[n], positions=[n], slot_mapping=[n], query_lens=[1], seq_lens=[n + 1],
+                             block_tables=[[0, 1]], logits_indices=[0], sample_seqs=[0], prompt_logprob_rows=[])
         for batch in (prompt, decode):
             self._forward(batch)
 
