@@ -27,9 +27,12 @@ PROMPT = "What is deep learning?"
 
 
 def kv_settled(server: Launched) -> bool:
+    """Every block free and nothing queued or running. The engine gauges are sampled every 100 ms, so a
+    short request can start and end between two samples: wait for all of them, not one."""
     snap = read_metrics(server)
     total = metric(snap, "tgi_kv_blocks_total")
-    return total > 0 and metric(snap, "tgi_kv_blocks_free") == total
+    return total > 0 and metric(snap, "tgi_kv_blocks_free") == total \
+        and metric(snap, "tgi_queue_size") == 0 and metric(snap, "tgi_batch_current_size") == 0
 
 
 def test_grpc_stream_sends_token_deltas_that_add_up_to_the_greedy_text(server, reference):
