@@ -51,16 +51,25 @@ def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size)
     torch.testing.assert_close(got, reference(q, k_cache, v_cache, tables, lens, scale), rtol=1e-5, atol=1e-5)
 
 
-def test_same_result_for_a_sequence_whatever_the_batch():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_same_result_for_a_sequence_whatever_the_batch(threads):
+    """Alone, a sequence is one work item per KV head; in a batch of 8, one item for all its heads (from 4
+    sequences a thread): both give the same bits."""
     gen = torch.Generator().manual_seed(1)
-    k_cache, v_cache = torch.randn(2, 40, 16, 3, 64, generator=gen).unbind(0)
-    tables = torch.arange(40, dtype=torch.int32).view(4, 10)
-    lens = torch.tensor([150, 20, 77, 160], dtype=torch.int32)
-    q = torch.randn(4, 9, 64, generator=gen)
-    together = kernel.decode(q, k_cache, v_cache, tables, lens, 160, 0.125)
-    for i in range(4):
-        alone = kernel.decode(q[i : i + 1], k_cache, v_cache, tables[i : i + 1], lens[i : i + 1], int(lens[i]), 0.125)
-        assert torch.equal(alone[0], together[i])
+    k_cache, v_cache = torch.randn(2, 80, 16, 3, 64, generator=gen).unbind(0)
+    tables = torch.randperm(80, generator=gen).to(torch.int32).view(8, 10)
+    lens = torch.tensor([150, 20, 77, 160, 1, 16, 131, 3], dtype=torch.int32)
+    q = torch.randn(8, 9, 64, generator=gen)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        together = kernel.decode(q, k_cache, v_cache, tables, lens, 160, 0.125)
+        for i in range(8):
+            one = slice(i, i + 1)
+            alone = kernel.decode(q[one], k_cache, v_cache, tables[one], lens[one], int(lens[i]), 0.125)
+            assert torch.equal(alone[0], together[i])
+    finally:
+        torch.set_num_threads(saved)
 
 
 def test_supports_only_what_it_computes():
