@@ -8,6 +8,7 @@ import torch
 from tgi_llm.attention import cpu_kernels
 from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, PrefillSequence, _choose_prefill, cpu_attention_kernels
 from tgi_llm.kv_cache import gather_kv
+from tgi_llm.native_build import build_library
 
 kernel = cpu_attention_kernels()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
@@ -206,3 +207,16 @@ def test_the_prefill_path_is_chosen_by_timing_both(monkeypatch):
     why = _choose_prefill(lib)
     assert why.startswith("measured: kernel") and "SDPA" in why
     assert calls.count("kernel") == calls.count("sdpa") == 3  # a warm-up and two timed runs each
+
+
+def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, monkeypatch):
+    """The load-time check covers the sequence-per-item path too (batches of 4 sequences a thread): a
+    library whose batched decode reads the wrong value head must not serve."""
+    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
+    right = "add_pv(s + r * stride + l0, vb + (r / G) * D, n, tok, C, os + r * D)"
+    assert right in cpu_kernels._SOURCE
+    wrong = cpu_kernels._SOURCE.replace(right, right.replace("(r / G)", "(r % Hkv)"))
+    broken = CpuAttentionKernels(build_library("attention_wrong_value_head", wrong))
+    with pytest.raises(RuntimeError, match="paged decode kernel disagrees"):
+        cpu_kernels._self_check(broken)
+    cpu_kernels._self_check(CpuAttentionKernels(build_library("attention_as_shipped", cpu_kernels._SOURCE)))

@@ -585,12 +585,17 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
     tables = torch.arange(12, dtype=torch.int32).view(3, 4)
     k_cache, v_cache = (torch.randn(12, block_size, kv_heads, dim, generator=gen) for _ in range(2))
     q = torch.randn(3, heads, dim, generator=gen)
-    got = kernels.decode(q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32), max(lens), 0.125)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    got = kernels.decode(q, k_cache, v_cache, tables, seq_lens, max(lens), 0.125)
+    # the same sequences copied into a batch big enough for one work item per sequence (4 a thread)
+    copies = -(-4 * torch.get_num_threads() // len(lens))
+    batched = kernels.decode(q.repeat(copies, 1, 1), k_cache, v_cache, tables.repeat(copies, 1),
+                             seq_lens.repeat(copies), max(lens), 0.125).view(copies, len(lens), heads, dim)
     for i, n in enumerate(lens):
         k = k_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
         v = v_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
         want = torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * 0.125).softmax(-1), v)
-        if not torch.allclose(got[i], want, rtol=1e-4, atol=1e-5):
+        if not all(torch.allclose(out, want, rtol=1e-4, atol=1e-5) for out in (got[i], *batched[:, i])):
             raise RuntimeError("paged decode kernel disagrees with torch")
     qp = torch.randn(9, heads, dim, generator=gen)
     out = torch.empty_like(qp)
