@@ -49,9 +49,9 @@ _SOURCE = VECTORS_C + r"""
    - one per sequence, all its KV heads, from SEQ_ITEMS_PER_THREAD sequences a thread: a block's K (then
      V) rows are read as one contiguous run (BS x Hkv x D floats), and K is prefetched SEQ_AHEAD tokens
      ahead of its use, 4 token rows at a time, so the core keeps a steady number of misses in flight
-     instead of a block's worth at once. 2 threads, Zen 4, 30 layers' caches in shuffled blocks, per
-     layer: 16 x 400 tokens 526 -> 471 us, 32 x 700 1,780 -> 1,466 us (18.7 -> 20.9 and 19.3 -> 23.5
-     GB/s of K/V). */
+     instead of a block's worth at once. 2 threads, Zen 4, 30 layers' caches in shuffled blocks, ragged
+     lengths, per layer: 8 x 300 tokens 174 -> 154 us, 16 x 400 425 -> 366 us, 32 x 700 1,415 -> 1,170 us
+     (docs/PERFORMANCE.md item 25). */
 
 #define MAX_DV (256 / VL) /* head size up to 256 */
 #define SEQ_ITEMS_PER_THREAD 4 /* sequences a thread, for the dynamic schedule to balance unequal lengths */
