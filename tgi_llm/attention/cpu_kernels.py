@@ -47,16 +47,17 @@ _SOURCE = VECTORS_C + r"""
    arithmetic in the same order (bit-equal outputs):
    - one per (sequence, KV head), when there are few sequences, so that every thread has work;
    - one per sequence, all its KV heads, from SEQ_ITEMS_PER_THREAD sequences a thread: a block's K (then
-     V) rows are read as one contiguous run (BS x Hkv x D floats), and K is prefetched SEQ_AHEAD tokens
-     ahead of its use, 4 token rows at a time, so the core keeps a steady number of misses in flight
-     instead of a block's worth at once. 2 threads, Zen 4, 30 layers' caches in shuffled blocks, ragged
-     lengths, per layer: 8 x 300 tokens 174 -> 154 us, 16 x 400 425 -> 366 us, 32 x 700 1,415 -> 1,170 us
-     (docs/PERFORMANCE.md item 25). */
+     V) rows are read as one contiguous run (BS x Hkv x D floats).
+   Either way K is prefetched PREFETCH_AHEAD tokens ahead of its use, 4 token rows at a time, so that the
+   core keeps a steady number of misses in flight instead of a block's worth at once. 2 threads, Zen 4,
+   30 layers' caches in shuffled blocks, ragged lengths, per layer: 1 x 1,024 tokens 61 -> 54 us, 4 x 500
+   120 -> 105 us, 8 x 300 174 -> 154 us, 16 x 400 425 -> 366 us, 32 x 700 1,415 -> 1,170 us
+   (docs/PERFORMANCE.md item 25). */
 
 #define MAX_DV (256 / VL) /* head size up to 256 */
 #define SEQ_ITEMS_PER_THREAD 4 /* sequences a thread, for the dynamic schedule to balance unequal lengths */
 #define MAX_SEQ_QUERY_FLOATS 8192 /* a sequence item's scaled queries live on the worker's stack */
-#define SEQ_AHEAD 16 /* tokens (8, 16 and 32 measured the same; no prefetch: 35% slower) */
+#define PREFETCH_AHEAD 16 /* tokens (8, 16 and 32 measured the same; no prefetch: 35% slower) */
 
 static inline void prefetch_rows(const float* p, const int64_t rows, const int64_t stride, const int64_t D) {
     /* the hardware prefetcher stops at page edges and blocks are scattered. Into L2, not L1: a block's
@@ -64,6 +65,12 @@ static inline void prefetch_rows(const float* p, const int64_t rows, const int64
        a layer, K/V at 19 GB/s instead of 13) */
     for (int64_t t = 0; t < rows; t++)
         for (int64_t o = 0; o < D; o += 16) __builtin_prefetch(p + t * stride + o, 0, 1);
+}
+
+static inline void prefetch_4_tokens(const float* c, const int32_t* table, const int64_t pos, const int64_t BS,
+                                     const int64_t tok, const int64_t width) {
+    /* the first `width` floats of token rows pos .. pos + 3 (pos a multiple of 4: one block when BS is) */
+    prefetch_rows(c + ((int64_t)table[pos / BS] * BS + pos % BS) * tok, 4, tok, width);
 }
 
 static inline __attribute__((always_inline)) void score4(const float* restrict qg, const float* restrict k0,
@@ -134,14 +141,17 @@ static inline __attribute__((always_inline)) void decode_head(
     const int64_t C = D / VL;
     float q[G * D];
     for (int64_t i = 0; i < G * D; i++) q[i] = qh[i] * scale;
+    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, D);
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* kb = kc + (int64_t)table[j] * BS * tok;
-        if (l0 + BS < L) prefetch_rows(kc + (int64_t)table[j + 1] * BS * tok, BS, tok, D);
-        prefetch_rows(vc + (int64_t)table[j] * BS * tok, n, tok, D); /* in L2 by p . v: the fetch overlaps */
         int64_t t = 0;
-        for (; t + 4 <= n; t += 4)
+        for (; t + 4 <= n; t += 4) {
+            const int64_t ahead = l0 + t + PREFETCH_AHEAD;
+            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, D);
+            prefetch_4_tokens(vc, table, l0 + t, BS, tok, D); /* in L2 by p . v: the fetch overlaps */
             for (int64_t g = 0; g < G; g++) score4(q + g * D, kb + t * tok, tok, C, s + g * stride + l0 + t);
+        }
         for (; t < n; t++)
             for (int64_t g = 0; g < G; g++) s[g * stride + l0 + t] = score1(q + g * D, kb + t * tok, C);
     }
@@ -167,17 +177,15 @@ static inline __attribute__((always_inline)) void decode_seq(
     const int64_t C = D / VL, tok = Hkv * D, Hq = Hkv * G, bf = BS * tok;
     float q[Hq * D];
     for (int64_t i = 0; i < Hq * D; i++) q[i] = qs[i] * scale;
-    for (int64_t a = 0; a < SEQ_AHEAD && a < L; a += 4)
-        prefetch_rows(kc + ((int64_t)table[a / BS] * BS + a % BS) * tok, 1, 0, 4 * tok);
+    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, tok);
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* kb = kc + (int64_t)table[j] * bf;
         int64_t t = 0;
         for (; t + 4 <= n; t += 4) {
-            const int64_t ahead = l0 + t + SEQ_AHEAD;
-            if (ahead + 4 <= L)
-                prefetch_rows(kc + ((int64_t)table[ahead / BS] * BS + ahead % BS) * tok, 1, 0, 4 * tok);
-            prefetch_rows(vc + ((int64_t)table[j] * BS + t) * tok, 1, 0, 4 * tok); /* in L2 by p . v */
+            const int64_t ahead = l0 + t + PREFETCH_AHEAD;
+            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, tok);
+            prefetch_4_tokens(vc, table, l0 + t, BS, tok, tok); /* in L2 by p . v */
             for (int64_t r = 0; r < Hq; r++)
                 score4(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
         }
@@ -191,7 +199,7 @@ static inline __attribute__((always_inline)) void decode_seq(
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* vb = vc + (int64_t)table[j] * bf;
-        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * bf, 1, 0, bf);
+        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * bf, BS, tok, tok);
         for (int64_t r = 0; r < Hq; r++) add_pv(s + r * stride + l0, vb + (r / G) * D, n, tok, C, os + r * D);
     }
     scale_rows(os, inv, Hq, C);
