@@ -13,7 +13,7 @@ import torch
 
 from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sampling import Sampler
-from tgi_llm.engine.step_plan import StepPlan
+from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
 from tgi_llm.kv_cache import KVCache
 from tgi_llm.runner.batch_inputs import BatchInputs, flatten, to_metadata
 from tgi_llm.runner.grammar_mask import GrammarMasker
@@ -56,7 +56,15 @@ class ModelRunner:
     def forward_plan(self, plan: StepPlan) -> tuple[BatchInputs, torch.Tensor]:
         """The forward every rank runs: the flat batch, and logits [len(logits_indices), V] (float32)."""
         batch = flatten(plan, self.block_size)
-        return batch, self._forward(batch)
+        dev = self.device
+        attn = to_metadata(batch, self.block_size, dev)
+        input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=dev)
+        positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)
+        hidden = self.model(input_ids, positions, self.kv_caches, attn)
+        if not batch.logits_indices:  # only prompt chunks that sample nothing: no LM head (on every rank)
+            return batch, hidden.new_empty((0, 0), dtype=torch.float32)
+        rows = torch.tensor(batch.logits_indices, dtype=torch.long, device=dev)
+        return batch, self.model.compute_logits(hidden.index_select(0, rows))
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -69,24 +77,9 @@ class ModelRunner:
         n = self.block_size
         if not self.kv_caches or self.kv_caches[0][0].shape[0] < 2:
             return
-        prompt = BatchInputs(input_ids=list(range(n)), positions=list(range(n)), slot_mapping=list(range(n)),
-                             query_lens=[n], seq_lens=[n], block_tables=[[0]], logits_indices=[n - 1],
-                             sample_seqs=[0], prompt_logprob_rows=[])
-        decode = BatchInputs(input_ids=[n], positions=[n], slot_mapping=[n], query_lens=[1], seq_lens=[n + 1],
-                             block_tables=[[0, 1]], logits_indices=[0], sample_seqs=[0], prompt_logprob_rows=[])
-        for batch in (prompt, decode):
-            self._forward(batch)
-
-    def _forward(self, batch: BatchInputs) -> torch.Tensor:
-        dev = self.device
-        attn = to_metadata(batch, self.block_size, dev)
-        input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=dev)
-        positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)
-        hidden = self.model(input_ids, positions, self.kv_caches, attn)
-        if not batch.logits_indices:  # only prompt chunks that sample nothing: no LM head (on every rank)
-            return hidden.new_empty((0, 0), dtype=torch.float32)
-        rows = torch.tensor(batch.logits_indices, dtype=torch.long, device=dev)
-        return self.model.compute_logits(hidden.index_select(0, rows))
+        for entry in (ScheduledSeq(0, 0, list(range(n)), [0], samples=True),
+                      ScheduledSeq(0, n, [n], [0, 1], samples=True)):
+            self.forward_plan(StepPlan([entry]))
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> list[SeqResult | None]:
