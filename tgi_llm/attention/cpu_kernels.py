@@ -56,7 +56,7 @@ _SOURCE = VECTORS_C + r"""
 
 #define MAX_DV (256 / VL) /* head size up to 256 */
 #define SEQ_ITEMS_PER_THREAD 4 /* sequences a thread, for the dynamic schedule to balance unequal lengths */
-#define MAX_SEQ_QUERY_FLOATS 8192 /* a sequence item's scaled queries live on the worker's stack */
+#define MAX_SEQ_QUERY_FLOATS 8192 /* an item's scaled queries live on the worker's stack */
 #define PREFETCH_AHEAD 16 /* tokens (8, 16 and 32 measured the same; no prefetch: 35% slower) */
 
 static inline void prefetch_rows(const float* p, const int64_t rows, const int64_t stride, const int64_t D) {
@@ -133,76 +133,42 @@ static inline void scale_rows(float* restrict o, const float* restrict inv, cons
         for (int64_t c = 0; c < C; c++) vst(o + (r * C + c) * VL, vmul(vld(o + (r * C + c) * VL), vset1(inv[r])));
 }
 
-static inline __attribute__((always_inline)) void decode_head(
-    const float* restrict qh, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
-    const int64_t L, float* restrict s, float* restrict oh, const int64_t G, const int64_t tok, const int64_t D,
-    const int64_t BS, const int64_t stride, const float scale) {
-    /* qh, oh: this KV head's G query heads [G][D]; s: their score rows [G][stride]; kc/vc: offset to the head */
-    const int64_t C = D / VL;
-    float q[G * D];
-    for (int64_t i = 0; i < G * D; i++) q[i] = qh[i] * scale;
-    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, D);
+static inline __attribute__((always_inline)) void decode_heads(
+    const float* restrict qs, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
+    const int64_t L, float* restrict s, float* restrict os, const int64_t H, const int64_t G, const int64_t tok,
+    const int64_t D, const int64_t BS, const int64_t stride, const float scale) {
+    /* One work item: H consecutive KV heads of a sequence (kc/vc offset to the first), G query heads each.
+       qs, os: those H G query heads [H G][D]; s: their score rows [H G][stride]; tok: floats per token row */
+    const int64_t C = D / VL, R = H * G, width = H * D;
+    float q[R * D];
+    for (int64_t i = 0; i < R * D; i++) q[i] = qs[i] * scale;
+    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, width);
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* kb = kc + (int64_t)table[j] * BS * tok;
         int64_t t = 0;
         for (; t + 4 <= n; t += 4) {
             const int64_t ahead = l0 + t + PREFETCH_AHEAD;
-            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, D);
-            prefetch_4_tokens(vc, table, l0 + t, BS, tok, D); /* in L2 by p . v: the fetch overlaps */
-            for (int64_t g = 0; g < G; g++) score4(q + g * D, kb + t * tok, tok, C, s + g * stride + l0 + t);
+            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width);
+            prefetch_4_tokens(vc, table, l0 + t, BS, tok, width); /* in L2 by p . v: the fetch overlaps */
+            for (int64_t r = 0; r < R; r++)
+                score4(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
         }
         for (; t < n; t++)
-            for (int64_t g = 0; g < G; g++) s[g * stride + l0 + t] = score1(q + g * D, kb + t * tok, C);
+            for (int64_t r = 0; r < R; r++) s[r * stride + l0 + t] = score1(q + r * D, kb + t * tok + (r / G) * D, C);
     }
-    float inv[G];
-    for (int64_t g = 0; g < G; g++) inv[g] = softmax_numerators(s + g * stride, L);
-    for (int64_t i = 0; i < G * D; i++) oh[i] = 0.f;
+    float inv[R];
+    for (int64_t r = 0; r < R; r++) inv[r] = softmax_numerators(s + r * stride, L);
+    for (int64_t i = 0; i < R * D; i++) os[i] = 0.f;
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* vb = vc + (int64_t)table[j] * BS * tok;
         /* again: the score pass's V prefetch has been evicted by here once the context outgrows L2 (without
            this one, 16 x 400 tokens took 521 against 443 us a layer) */
-        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * BS * tok, BS, tok, D);
-        for (int64_t g = 0; g < G; g++) add_pv(s + g * stride + l0, vb, n, tok, C, oh + g * D);
+        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * BS * tok, BS, tok, width);
+        for (int64_t r = 0; r < R; r++) add_pv(s + r * stride + l0, vb + (r / G) * D, n, tok, C, os + r * D);
     }
-    scale_rows(oh, inv, G, C);
-}
-
-static inline __attribute__((always_inline)) void decode_seq(
-    const float* restrict qs, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
-    const int64_t L, float* restrict s, float* restrict os, const int64_t Hkv, const int64_t G, const int64_t D,
-    const int64_t BS, const int64_t stride, const float scale) {
-    /* qs, os: the sequence's Hq query heads [Hq][D]; s: their score rows [Hq][stride] */
-    const int64_t C = D / VL, tok = Hkv * D, Hq = Hkv * G, bf = BS * tok;
-    float q[Hq * D];
-    for (int64_t i = 0; i < Hq * D; i++) q[i] = qs[i] * scale;
-    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, tok);
-    for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
-        const int64_t n = L - l0 < BS ? L - l0 : BS;
-        const float* kb = kc + (int64_t)table[j] * bf;
-        int64_t t = 0;
-        for (; t + 4 <= n; t += 4) {
-            const int64_t ahead = l0 + t + PREFETCH_AHEAD;
-            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, tok);
-            prefetch_4_tokens(vc, table, l0 + t, BS, tok, tok); /* in L2 by p . v */
-            for (int64_t r = 0; r < Hq; r++)
-                score4(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
-        }
-        for (; t < n; t++)
-            for (int64_t r = 0; r < Hq; r++)
-                s[r * stride + l0 + t] = score1(q + r * D, kb + t * tok + (r / G) * D, C);
-    }
-    float inv[Hq];
-    for (int64_t r = 0; r < Hq; r++) inv[r] = softmax_numerators(s + r * stride, L);
-    for (int64_t i = 0; i < Hq * D; i++) os[i] = 0.f;
-    for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
-        const int64_t n = L - l0 < BS ? L - l0 : BS;
-        const float* vb = vc + (int64_t)table[j] * bf;
-        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * bf, BS, tok, tok);
-        for (int64_t r = 0; r < Hq; r++) add_pv(s + r * stride + l0, vb + (r / G) * D, n, tok, C, os + r * D);
-    }
-    scale_rows(os, inv, Hq, C);
+    scale_rows(os, inv, R, C);
 }
 
 /* q, out: [B, Hq, D]; k_cache, v_cache: [num_blocks, BS, Hkv, D]; block_tables: [B, W] int32;
@@ -213,31 +179,20 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
                       float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
                       int64_t stride, float scale, int nthreads) {
     const int64_t G = Hq / Hkv, tok = Hkv * D;
-    if (B >= SEQ_ITEMS_PER_THREAD * nthreads && Hq * D <= MAX_SEQ_QUERY_FLOATS) {
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1)
-        for (int64_t b = 0; b < B; b++) {
-            const int64_t off = b * Hq * D;
-            float* s = scores + b * Hq * stride;
-            if (D == 64) /* the common head size, with its loop bounds known to the compiler */
-                decode_seq(q + off, kc, vc, block_tables + b * W, seq_lens[b], s, out + off, Hkv, G, 64, BS, stride,
-                           scale);
-            else
-                decode_seq(q + off, kc, vc, block_tables + b * W, seq_lens[b], s, out + off, Hkv, G, D, BS, stride,
-                           scale);
-        }
-        return;
-    }
+    /* KV heads an item: all of a sequence's once there are enough sequences, else one */
+    const int64_t H = B >= SEQ_ITEMS_PER_THREAD * nthreads && Hq * D <= MAX_SEQ_QUERY_FLOATS ? Hkv : 1;
+    const int64_t items = Hkv / H;
 #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) /* lengths differ: balance */
-    for (int64_t i = 0; i < B * Hkv; i++) {
-        const int64_t b = i / Hkv, h = i % Hkv, off = (b * Hq + h * G) * D;
+    for (int64_t i = 0; i < B * items; i++) {
+        const int64_t b = i / items, h = i % items * H, off = (b * Hq + h * G) * D;
         float* s = scores + (b * Hq + h * G) * stride;
         const int32_t* table = block_tables + b * W;
-        if (D == 64)
-            decode_head(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, G, tok, 64, BS, stride,
-                        scale);
+        if (D == 64) /* the common head size, with its loop bounds known to the compiler */
+            decode_heads(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, H, G, tok, 64, BS,
+                         stride, scale);
         else
-            decode_head(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, G, tok, D, BS, stride,
-                        scale);
+            decode_heads(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, H, G, tok, D, BS,
+                         stride, scale);
     }
 }
 
