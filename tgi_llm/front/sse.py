@@ -7,8 +7,6 @@ itself instead of waiting for a failed send.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -19,6 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from tgi_llm.front.errors import FrontError
+from tgi_llm.gateway.disconnect import until_disconnect as run_until_disconnect
 
 T = TypeVar("T")
 
@@ -66,21 +65,7 @@ class SSEResponse(StreamingResponse):
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Await `work`, cancelling it if the client disconnects first (the body must already be read)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task  # let the stream's cleanup (the Triton cancel) run before we answer
+    task = await run_until_disconnect(request.receive, work)
     if task.cancelled():
         raise FrontError("Client disconnected", "cancelled")
     return task.result()

@@ -10,8 +10,6 @@ away closes its upstream request, so Triton cancels the generation.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import re
@@ -22,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from tgi_llm.gateway.api_key import UNAUTHORIZED, ApiKey
 from tgi_llm.gateway.body import BadJson, PayloadTooLarge, load_json
+from tgi_llm.gateway.disconnect import until_disconnect
 from tgi_llm.gateway.generate_body import BadBody, check_generate_body
 from tgi_llm.gateway.statuses import http_error, unavailable_message
 
@@ -191,7 +190,9 @@ class GatewayApp:
             elif receive is None:
                 await self._pump(response, send)
             else:
-                await _until_disconnect(receive, self._pump(response, send))
+                pumped = await until_disconnect(receive, self._pump(response, send))
+                if not pumped.cancelled():
+                    pumped.result()  # its error, if any
         finally:
             await response.aclose()  # unread: the connection closes, and Triton cancels the request
 
@@ -219,22 +220,3 @@ class GatewayApp:
             event = json.dumps({"error": unavailable_message(self.model)})
             await send({"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _until_disconnect(receive: Receive, work: Any) -> None:
-    """Run `work`; cancel it if the client disconnects first (the request body is already read)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task

@@ -3,7 +3,6 @@ graceful stop (a second signal kills it), optionally re-emit its log lines as JS
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -14,7 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from tgi_llm.launcher.logs import json_line
 from tgi_llm.procfs import children, cmdline
@@ -191,25 +190,3 @@ class ServerProcess:
         self._term_sent = True
         logger.info("stopping tritonserver (in-flight requests finish first; signal again to kill)")
         self.process.send_signal(signal.SIGTERM)
-
-    @contextlib.contextmanager
-    def forward_signals(self) -> Iterator[None]:
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-        def handler(signum: int, _frame: object) -> None:
-            logger.info("received %s", signal.Signals(signum).name)
-            self.request_stop()
-
-        for sig in previous:
-            signal.signal(sig, handler)
-        try:
-            yield
-        finally:
-            for sig, old in previous.items():
-                signal.signal(sig, old)
-            if self.process is not None and self.process.poll() is None:
-                self.stop()  # leaving early (an exception): never leave tritonserver behind
-                try:
-                    self.process.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    self.process.kill()
