@@ -188,8 +188,10 @@ def test_bfloat16_runs_close_to_float32(tiny_model_factory, paged_batcher):
     for dtype in (torch.float32, torch.bfloat16):
         model, config = load_model(model_dir, dtype=dtype)
         run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=16))
-        run.caches = allocate_kv_cache(config, 16, 4, dtype=dtype)
+        run.caches = allocate_kv_cache(config, 16, 4, dtype=model.dtype)  # bfloat16 on the CPU: float32 layers
         out[dtype] = torch.cat(run.step(list(enumerate(prompts))))
+        if dtype == torch.bfloat16 and model.float_kernels is not None:  # the CPU's bfloat16 GEMM took them
+            assert {m.weight.dtype for m in model.layers.modules() if isinstance(m, Linear)} == {torch.bfloat16}
     assert out[torch.bfloat16].dtype == torch.float32  # logits are float32 whatever the model dtype
     assert 0 < rel_err(out[torch.bfloat16], out[torch.float32]) < 0.05
 

@@ -6,13 +6,15 @@ import pytest
 import torch
 
 import tgi_llm.quant.kernels as kernels_mod
-from tgi_llm.native_build import NativeBuildError
+from tgi_llm.native_build import BASE_FLAGS, NativeBuildError, build_library
 from tgi_llm.quant.formats import (
     QuantizedWeight,
+    from_bf16_panels,
     from_panels,
     panel_rows,
     quantize_int4,
     quantize_int8,
+    to_bf16_panels,
     to_panels,
 )
 from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
@@ -120,6 +122,49 @@ def test_float_panels_round_trip():
     assert torch.equal(panels.view(3, 32, 16)[1, 5], w[16:32, 5]) and torch.equal(from_panels(panels, 16), w)
     ids = torch.tensor([47, 0, 16, 16, 5, 31])  # an embedding lookup: any rows, repeats included
     assert torch.equal(panel_rows(panels, ids, 16), w[ids])
+
+
+@needs_kernel
+@pytest.mark.parametrize(("n", "k"), [(2 * 32, 64), (96, 576), (576, 1536)])
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 17, 130])  # partial, whole and several row tiles
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_weights_match_the_products_of_bfloat16_operands(n, k, m, with_bias):
+    """--dtype bfloat16 on the CPU: weights and activations rounded to bfloat16 (to nearest even), their
+    products summed in float32; rows with a stride wider than K."""
+    if n % Q8_LANES:
+        pytest.skip("the bfloat16 order needs whole panels")
+    gen = torch.Generator().manual_seed(n + k + m)
+    w, bias = torch.randn(n, k, generator=gen), torch.randn(n, generator=gen) if with_bias else None
+    x = torch.randn(m, k + 24, generator=gen)[:, 8:k + 8]
+    want = x.bfloat16().double() @ w.bfloat16().double().T + (0 if bias is None else bias.double())
+    held = to_bf16_panels(w, Q8_LANES)  # alive while its descriptor (raw pointers) is used
+    got = kernel.apply(x, kernels_mod.dense_desc(held, bias, panel=True), 0)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
+
+
+@needs_kernel
+def test_bfloat16_without_the_bf16_instructions_gives_the_same_products():
+    """The library built without AVX512-BF16 (what a CPU without it runs: shifts and FMAs) against the one
+    built for this CPU, on the same bfloat16 weights."""
+    try:
+        plain = kernels_mod.QuantKernels(build_library("quant_linear_no_bf16", kernels_mod._SOURCE,
+                                                       flags=BASE_FLAGS + ("-mno-avx512bf16",)))
+    except NativeBuildError:
+        pytest.skip("the compiler does not take -mno-avx512bf16")
+    gen = torch.Generator().manual_seed(3)
+    w, x = torch.randn(3 * Q8_LANES, 576, generator=gen), torch.randn(11, 576, generator=gen)
+    held = to_bf16_panels(w, Q8_LANES)
+    desc = kernels_mod.dense_desc(held, panel=True)
+    torch.testing.assert_close(plain.apply(x, desc, 0), kernel.apply(x, desc, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_bfloat16_panels_round_trip():
+    w = torch.randn(64, 48)
+    panels = to_bf16_panels(w, 16)
+    assert panels.dtype == torch.bfloat16 and panels.shape == w.shape
+    pairs = panels.view(4, 24, 16, 2)  # [panel][k-pair][row][2]
+    assert torch.equal(pairs[1, 5, 3].float(), w[16 + 3, 10:12].bfloat16().float())
+    assert torch.equal(from_bf16_panels(panels, 16), w.bfloat16().float())
 
 
 @needs_kernel

@@ -92,6 +92,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     if block_size == 16 and preferred_block_size(device) != 16:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
+    dtype = model.dtype  # what the layers compute in (bfloat16 on the CPU: float32 with bfloat16 weights)
     per_token = kv_cache_bytes_per_token(config, dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
     kv_tokens = kv_cache_budget_bytes(opts, device, per_token) // per_token
     from dataclasses import replace

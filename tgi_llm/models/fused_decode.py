@@ -34,7 +34,7 @@ from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.native_build import BASE_FLAGS, build_library
 from tgi_llm.native_vectors import VECTORS_C
-from tgi_llm.quant.kernels import quant_kernels
+from tgi_llm.quant.kernels import QW_BF16_PANEL, quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 
 logger = logging.getLogger(__name__)
@@ -263,6 +263,12 @@ class FusedDecode:
         self.block_size = kv_caches[0][0].shape[1]
         #: None until a first step was compared with the torch layers; then whether they agreed.
         self.agrees: bool | None = None
+        #: How far the two may differ, relative to the largest output. The norms and rope here round
+        #: differently from torch's ops (~1e-4); bfloat16 weights round each matmul's activations to 8 bits,
+        #: and such a difference that flips one of those roundings grows through the layers (0.8% measured
+        #: on SmolLM2 in bfloat16): a wrong kernel differs by the size of the values themselves.
+        self.tolerance = 3e-2 if any(m.desc().kind == QW_BF16_PANEL for layer in model.layers
+                                     for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) else 1e-3
         self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
 
     @classmethod
@@ -331,7 +337,7 @@ class FusedDecode:
         got = self._run(hidden.clone(), cos, sin, attn)
         want = reference()
         scale = max(1.0, want.abs().max().item())
-        self.agrees = bool(torch.allclose(got, want, rtol=1e-3, atol=1e-3 * scale))
+        self.agrees = bool(torch.allclose(got, want, rtol=self.tolerance, atol=self.tolerance * scale))
         self.checked.add(kind)
         difference = (got - want).abs().max().item()
         if self.agrees:

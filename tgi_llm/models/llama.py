@@ -27,7 +27,14 @@ from tgi_llm.models.fused_decode import library as fused_decode_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
-from tgi_llm.quant.formats import QuantizedWeight, from_panels, panel_rows, to_panels
+from tgi_llm.quant.formats import (
+    QuantizedWeight,
+    from_bf16_panels,
+    from_panels,
+    panel_rows,
+    to_bf16_panels,
+    to_panels,
+)
 from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
@@ -106,11 +113,15 @@ class Linear(nn.Module):
         w = self.weight
         return w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[1] % 16 == 0
 
-    def use_kernels(self, kernels: QuantKernels) -> None:
+    def use_kernels(self, kernels: QuantKernels, weight_dtype: torch.dtype = torch.float32) -> None:
         """Run through the C float32 kernels (after `fits_kernels`), in the panel order (rearranged in
-        place: the GEMM reads it as it is) where the rows fill whole panels."""
+        place: the GEMM reads it as it is) where the rows fill whole panels. With `weight_dtype` bfloat16
+        such a weight is held rounded to bfloat16, in the bfloat16 panel order (quant/kernels.py)."""
         self.panel_lanes = whole_panels(self.weight.shape[0], kernels.q8_panel_lanes)
-        self.weight.data = to_panels(self.weight.detach(), self.panel_lanes, in_huge_pages)
+        if weight_dtype == torch.bfloat16 and self.panel_lanes:
+            self.weight.data = to_bf16_panels(self.weight.detach(), self.panel_lanes, in_huge_pages)
+        else:
+            self.weight.data = to_panels(self.weight.detach(), self.panel_lanes, in_huge_pages)
         self.kernels = kernels
 
     def desc(self) -> WeightDesc:
@@ -132,6 +143,8 @@ class Linear(nn.Module):
     def dense_weight(self) -> torch.Tensor:
         if self.packed is not None:
             return self.packed.to_dense()
+        if self.weight.dtype == torch.bfloat16 and self.kernels is not None:
+            return from_bf16_panels(self.weight, self.panel_lanes)
         return from_panels(self.weight, self.panel_lanes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -226,17 +239,18 @@ class LlamaForCausalLM(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
-    def prepare_cpu_linears(self) -> str | None:
+    def prepare_cpu_linears(self, weight_dtype: torch.dtype = torch.float32) -> str | None:
         """Choose how the float linears run on the CPU (after the final `.to()`: packed weights can't move):
         the C kernels (in their panel order where it fits), or oneDNN's packed layout (`float_linear_kernels`). Returns
-        what was chosen, for the log, or None (F.linear)."""
+        what was chosen, for the log, or None (F.linear). `weight_dtype` bfloat16: the decoder layers' weights
+        held in bfloat16 for the kernels' bfloat16 GEMM (activations stay float32; see `load_model`)."""
         linears = [m for m in self.modules() if isinstance(m, Linear)]
         if not linears and self.lm_head_quant is not None:
             return None  # every linear is quantized: nothing float to place
         kernels = float_linear_kernels(self.dtype) if self.device.type == "cpu" else None
         if kernels is not None and all(m.fits_kernels() for m in linears):
             for m in linears:  # all or none: a model half in the panel order could not be packed for oneDNN
-                m.use_kernels(kernels)
+                m.use_kernels(kernels, weight_dtype)
             if self.lm_head_quant is None and self.lm_head.shape[1] % 16 == 0:
                 # in place, so a tied embedding table follows: `forward` reads its rows from the panels
                 if self.shard.world_size == 1:  # (a vocab-parallel shard's lookup keeps the plain order)
@@ -245,7 +259,9 @@ class LlamaForCausalLM(nn.Module):
                 self.lm_head_desc = dense_desc(self.lm_head.detach(), panel=self.lm_head_panel_lanes > 0)
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
-            return f"float32 linears: C kernels ({panels} of {len(linears)} in the panel order)"
+            bf16 = sum(m.weight.dtype == torch.bfloat16 for m in linears)
+            return (f"float32 linears: C kernels ({panels} of {len(linears)} in the panel order"
+                    + (f", {bf16} of them in bfloat16" if bf16 else "") + ")")
         return "linear weights packed for oneDNN" if self.pack_for_cpu() else None
 
     def pack_for_cpu(self) -> bool:
@@ -340,28 +356,38 @@ def load_model(
     """Build the model from a HF directory. With no backend given, one is picked on the first forward
     (it depends on the KV block size, which the runner decides). `quantization` None: a directory
     converted from a GGUF runs the GGUF's blocks on the CPU in float32 and floats elsewhere, float
-    checkpoints run in `dtype` (quant/modes.py)."""
+    checkpoints run in `dtype` (quant/modes.py).
+
+    bfloat16 on the CPU, one shard, where the C kernels serve float linears: the decoder layers' weights are
+    held in bfloat16 and multiplied by the kernels' bfloat16 GEMM (activations rounded to bfloat16 at each
+    matmul, products summed in float32; AVX512-BF16 where the CPU has it), everything else (norms, rope,
+    attention, the KV cache, the LM head) in float32. The model then reports float32 (`model.dtype`).
+    torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md)."""
     config = ModelConfig.from_model_dir(model_dir)
     kernels_apply = torch.device(device).type == "cpu" and dtype == torch.float32
     weights = WeightLoader(model_dir, config, quantization, shard, kernels_apply)
+    bf16_weights = (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and shard.world_size == 1
+                    and not weights.quantized and float_linear_kernels(torch.float32) is not None)
+    compute_dtype = torch.float32 if bf16_weights else dtype
     if weights.quantized and not kernels_apply:
         raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU with float32 "
                          f"activations; got device {device} and --dtype {str(dtype).removeprefix('torch.')} "
                          "(use --quantize float for float weights in that dtype)")
     with weights_in_huge_pages() as arena:  # QuantLinear and prepare_cpu_linears place what the kernels stream
         model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
-        model = model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=compute_dtype).eval()
         if weights.quantized:
             # safetensors hands out views of its file mapping; a norm weight kept as one keeps the whole file
             # resident (540 MB of float32 pages for SmolLM2 that quantizing read once). Own copies instead.
             for p in model.parameters():
                 p.data = p.data.clone()
-        if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears()):
+        weight_dtype = torch.bfloat16 if bf16_weights else torch.float32
+        if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears(weight_dtype)):
             logger.info(chosen)
     if arena is not None and arena.placed_bytes:
         logger.info("weights in huge pages: %.1f MB placed, %.1f MB of the process backed by them",
                     arena.placed_bytes / 1e6, huge_page_bytes() / 1e6)
-    prepare_cpu_attention(device, dtype)
+    prepare_cpu_attention(device, compute_dtype)
     if (weights.quantized or model.float_kernels is not None) and model.device.type == "cpu":
         fused_decode_library()  # built now, not on the first request's first token
     logger.info(
@@ -370,7 +396,7 @@ def load_model(
         config.model_type,
         config.num_hidden_layers,
         config.hidden_size,
-        dtype,
+        "float32 with bfloat16 linear weights" if bf16_weights else dtype,
         device,
         weights.quantization.describe() + (f" ({describe_gguf(weights.gguf)})" if weights.gguf else ""),
     )

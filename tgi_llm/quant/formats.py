@@ -60,6 +60,22 @@ def from_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:
     return t.view(n // lanes, -1, lanes).transpose(1, 2).reshape(n, -1)
 
 
+def to_bf16_panels(t: torch.Tensor, lanes: int,
+                   place: Callable[[torch.Tensor], torch.Tensor] = lambda x: x) -> torch.Tensor:
+    """A float [N, K] weight (N a multiple of `lanes`, K even) rounded to bfloat16 (to nearest even) in the
+    bfloat16 panel order of quant/kernels.py, [N / lanes][K / 2][lanes][2] viewed as [N, K]: per k-pair, one
+    32-bit word per output row, the operand layout of AVX512-BF16's vdpbf16ps."""
+    n, k = t.shape
+    b = t.to(torch.bfloat16).view(n // lanes, lanes, k // 2, 2).transpose(1, 2)
+    return place(b).contiguous().view(n, k)
+
+
+def from_bf16_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:
+    """The inverse of `to_bf16_panels`, as float32 [N, K]."""
+    n, k = t.shape
+    return t.view(n // lanes, k // 2, lanes, 2).transpose(1, 2).reshape(n, k).float()
+
+
 def panel_rows(t: torch.Tensor, index: torch.Tensor, lanes: int) -> torch.Tensor:
     """Rows `index` (1-D) of a panel-order [N, C] tensor, row-major [len(index), C], read from their
     panels alone (an embedding lookup per step must not rearrange the whole table)."""

@@ -35,15 +35,16 @@ import torch
 
 from tgi_llm.native_build import build_library
 from tgi_llm.native_vectors import VECTORS_C
-from tgi_llm.quant.formats import QuantizedWeight, to_panels
+from tgi_llm.quant.formats import QuantizedWeight, to_bf16_panels, to_panels
 
 logger = logging.getLogger(__name__)
 
 _SOURCE = VECTORS_C + r"""
+#include <math.h>
 #include <stdlib.h>
 
 /* qweight_t.kind (quant_apply, at the end): the weight's layout and byte order */
-enum { QW_Q4_GGUF, QW_Q4_X8, QW_Q8, QW_Q4_PANEL, QW_F32, QW_Q8_PANEL, QW_F32_PANEL };
+enum { QW_Q4_GGUF, QW_Q4_X8, QW_Q8, QW_Q4_PANEL, QW_F32, QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL };
 
 #define NV (32 / VL) /* vectors per 32 weights */
 #define MT 4         /* activation rows per pass over a weight row */
@@ -815,6 +816,99 @@ static void panel_gemm(int kind, const void* codes, const void* scales, const vo
     }
 }
 
+/* ---- bfloat16 weights in the panel order, for --dtype bfloat16: [N / NW][K / 2][NW] 32-bit words, word c
+   of k-pair j = bf16(w[row c][2j]) | bf16(w[row c][2j + 1]) << 16, the operand layout of AVX512-BF16's
+   vdpbf16ps (two products per float lane). Activations are rounded to bfloat16 the same way, once per
+   call; products are accumulated in float32. Where the CPU has no BF16 instructions the same words are
+   widened to float32 (a shift) and multiplied with FMAs: the same products, summed in the same order
+   (the odd k, then the even one, as vdpbf16ps specifies). Half the bytes of float32 per weight, and on
+   BF16 hardware twice the products per instruction. ---- */
+#define KP 128 /* k-pairs per chunk: a [KP][NW] chunk of words is 16 KB on AVX-512, L1-resident across rows */
+
+static inline uint32_t bf16_pair(const float lo, const float hi) {
+    /* round to nearest even, as vcvtne2ps2bf16 does (no NaNs reach here) */
+    uint32_t a, b;
+    memcpy(&a, &lo, 4);
+    memcpy(&b, &hi, 4);
+    a = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
+    b = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+    return a | (b << 16);
+}
+
+static inline float bits_to_float(const uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline __attribute__((always_inline)) V bf16_dot(V acc, const uint32_t xw, const VU w) {
+#if defined(__AVX512BF16__) && VL == 16
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_set1_epi32((int)xw), (__m512bh)w);
+#else
+    acc = vfma(vset1(bits_to_float(xw & 0xffff0000u)), (V)(w & 0xffff0000u), acc); /* the odd k */
+    return vfma(vset1(bits_to_float(xw << 16)), (V)(w << 16), acc); /* the even k */
+#endif
+}
+
+/* y[m][0:NW] (+)= xb[m] . panel for MRC rows over kp k-pairs from the chunk at w ([kp][NW] words) */
+static inline __attribute__((always_inline)) void bf16_tile(const uint32_t* restrict xb, const int64_t K2,
+                                                            const uint32_t* restrict w, const int64_t kp,
+                                                            const int MRC, float* restrict y, const int64_t ldy,
+                                                            const int first) {
+    V acc[MR][2];
+    UNROLL for (int m = 0; m < MRC; m++) acc[m][0] = acc[m][1] = vzero();
+    for (int64_t k = 0; k < kp; k++) {
+        VU w0, w1;
+        memcpy(&w0, w + k * NW, sizeof w0);
+        memcpy(&w1, w + k * NW + VL, sizeof w1);
+        UNROLL for (int m = 0; m < MRC; m++) {
+            const uint32_t xw = xb[m * K2 + k];
+            acc[m][0] = bf16_dot(acc[m][0], xw, w0);
+            acc[m][1] = bf16_dot(acc[m][1], xw, w1);
+        }
+    }
+    UNROLL for (int m = 0; m < MRC; m++) UNROLL for (int h = 0; h < 2; h++) {
+        float* p = y + m * ldy + h * VL;
+        vst(p, first ? acc[m][h] : vadd(acc[m][h], vld(p)));
+    }
+}
+
+/* x [M, K] float32 (row stride ldx) -> y [M, N] (row stride ldy); N a multiple of NW, K even. Returns -1
+   when the rounded activations' buffer could not be allocated. */
+static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                           int64_t N, int64_t K, int nthreads) {
+    const int64_t K2 = K / 2, panels = N / NW;
+    uint32_t* xb = malloc(sizeof(uint32_t) * M * K2);
+    if (xb == NULL) return -1;
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t j = 0; j < K2; j++) xb[m * K2 + j] = bf16_pair(x[m * ldx + 2 * j], x[m * ldx + 2 * j + 1]);
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const uint32_t* wp = wq + p * K2 * NW;
+            for (int64_t k0 = 0; k0 < K2; k0 += KP) {
+                const int64_t kp = K2 - k0 < KP ? K2 - k0 : KP;
+                for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                    const uint32_t* xm = xb + m0 * K2 + k0;
+                    float* ym = y + m0 * ldy + p * NW;
+                    switch (M - m0 < MR ? M - m0 : MR) {
+#define T(a) case a: bf16_tile(xm, K2, wp + k0 * NW, kp, a, ym, ldy, k0 == 0); break
+#if MR == 8
+                        T(8); T(7);
+#endif
+                        T(6); T(5); T(4); T(3); T(2); default: bf16_tile(xm, K2, wp + k0 * NW, kp, 1, ym, ldy, k0 == 0);
+#undef T
+                    }
+                }
+            }
+        }
+    }
+    free(xb);
+    return 0;
+}
+
 /* ---- one entry for any weight: the decode kernel below gemm_min rows, the GEMM from there, then the bias.
    QuantLinear and the fused decode stack (tgi_llm/models/fused_decode.py) both call it. */
 typedef struct {
@@ -829,7 +923,11 @@ typedef struct {
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                  int64_t gemm_min, int nthreads) {
     const int64_t N = w->N, K = w->K;
-    if (M < gemm_min && w->kind != QW_F32_PANEL) {
+    if (w->kind == QW_BF16_PANEL) {
+        if (bf16_panel_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) != 0)
+            for (int64_t m = 0; m < M; m++) /* no memory: poison the output, never a silent wrong answer */
+                for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
+    } else if (M < gemm_min && w->kind != QW_F32_PANEL) {
         switch (w->kind) {
 #define Q4(fn) fn(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads)
         case QW_Q4_GGUF: Q4(q4_linear); break;
@@ -852,9 +950,9 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 """
 
 
-#: `qweight_t.kind` of the C source (QW_*) for 8-bit codes (file order, panel order) and float32 weights
-#: (plain, panel order).
-QW_Q8, QW_F32, QW_Q8_PANEL, QW_F32_PANEL = 2, 4, 5, 6
+#: `qweight_t.kind` of the C source (QW_*) for 8-bit codes (file order, panel order), float32 weights
+#: (plain, panel order) and bfloat16 weights (panel order).
+QW_Q8, QW_F32, QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL = 2, 4, 5, 6, 7
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -884,11 +982,15 @@ class WeightDesc(ctypes.Structure):
 
 def dense_desc(weight: torch.Tensor, bias: torch.Tensor | None = None, panel: bool = False) -> WeightDesc:
     """`qweight_t` of a float32 weight [N, K] (K a multiple of 16): the float kernels of `quant_apply`. With
-    `panel` its elements are in the panel order (formats.to_panels)."""
+    `panel` its elements are in the panel order (formats.to_panels); a bfloat16 weight must be in the
+    bfloat16 panel order (formats.to_bf16_panels)."""
     n, k = weight.shape
-    assert weight.dtype == torch.float32 and weight.is_contiguous() and k % 16 == 0
+    assert weight.dtype in (torch.float32, torch.bfloat16) and weight.is_contiguous() and k % 16 == 0
     if bias is not None:
         assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (n,)
+    if weight.dtype == torch.bfloat16:
+        assert panel, "bfloat16 weights are read in the panel order only"
+        return WeightDesc(QW_BF16_PANEL, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
     return WeightDesc(QW_F32_PANEL if panel else QW_F32, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
 
 
@@ -965,6 +1067,12 @@ def _self_check(kernels: QuantKernels) -> None:
         if not torch.allclose(kernels.apply(x, dense_desc(wf_panels, panel=True), gemm_min), x @ wf.T, rtol=1e-4,
                               atol=1e-4):
             raise RuntimeError(f"float32 panel {'gemm' if gemm_min == 0 else 'linear'} disagrees with torch")
+    wb = to_bf16_panels(wf, kernels.q8_panel_lanes)  # bfloat16 weights: products of bfloat16-rounded operands
+    for rows in (1, 11):  # a partial row tile and a whole one and more
+        xr = torch.randn(rows, 128, generator=gen)
+        want = xr.bfloat16().double() @ wf.bfloat16().double().T
+        if not torch.allclose(kernels.apply(xr, dense_desc(wb, panel=True), 0).double(), want, rtol=1e-5, atol=1e-5):
+            raise RuntimeError("bfloat16 panel gemm disagrees with torch")
 
 
 def quant_kernels() -> QuantKernels | None:
