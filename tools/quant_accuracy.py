@@ -2,6 +2,7 @@
 teacher-forced top-1 agreement and mean |Δ logprob| of the actual next token.
 
     python tools/quant_accuracy.py --modes gguf int8 int4 --sequences 16 --length 512
+    python tools/quant_accuracy.py --modes float --dtype bfloat16   # --dtype bfloat16 against float32
 
 The reference is the same checkpoint as floats (for a GGUF: its blocks dequantized, exactly the
 converted directory's weights). Quantized linears run through the C kernels at every length.
@@ -31,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-id", default=None, help="default: SmolLM2-135M-Instruct (its Q4_1 GGUF)")
     ap.add_argument("--modes", nargs="+", default=["gguf", "int8", "int4"])
     ap.add_argument("--group-size", type=int, default=None)
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="what the modes run in (bfloat16: with --modes float)")
     ap.add_argument("--sequences", type=int, default=16)
     ap.add_argument("--length", type=int, default=512)
     ap.add_argument("--json", default=None, help="write the results here too")
@@ -44,12 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     print("| mode | positions | top-1 agreement | mean abs logprob diff |\n|---|---|---|---|")
     for mode in args.modes:
-        model, _ = load_model(model_dir, quantization=parse_quantize(mode, args.group_size))
+        model, _ = load_model(model_dir, dtype=getattr(torch, args.dtype),
+                              quantization=parse_quantize(mode, args.group_size))
         with kernels_at_every_length():
             got = [sequence_logits(model, config, s) for s in seqs]
         r = compare(reference, got, seqs)
-        results[model.quantization.describe()] = r.to_dict()
-        print(f"| {model.quantization.describe()} | {r.positions} | {100 * r.top1_agreement:.2f}% "
+        name = model.quantization.describe() + ("" if args.dtype == "float32" else f", {args.dtype}")
+        results[name] = r.to_dict()
+        print(f"| {name} | {r.positions} | {100 * r.top1_agreement:.2f}% "
               f"| {r.mean_abs_logprob_diff:.4f} |", flush=True)
         del model
     if args.json:
