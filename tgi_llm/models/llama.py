@@ -260,7 +260,7 @@ class LlamaForCausalLM(nn.Module):
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
             bf16 = sum(m.weight.dtype == torch.bfloat16 for m in linears)
-            return (f"float32 linears: C kernels ({panels} of {len(linears)} in the panel order"
+            return (f"float linears: C kernels ({panels} of {len(linears)} in the panel order"
                     + (f", {bf16} of them in bfloat16" if bf16 else "") + ")")
         return "linear weights packed for oneDNN" if self.pack_for_cpu() else None
 
