@@ -825,14 +825,15 @@ static void panel_gemm(int kind, const void* codes, const void* scales, const vo
    BF16 hardware twice the products per instruction. ---- */
 #define KP 128 /* k-pairs per chunk: a [KP][NW] chunk of words is 16 KB on AVX-512, L1-resident across rows */
 
-static inline uint32_t bf16_pair(const float lo, const float hi) {
+static inline uint32_t float_to_bf16(const float f) {
     /* round to nearest even, as vcvtne2ps2bf16 does (no NaNs reach here) */
-    uint32_t a, b;
-    memcpy(&a, &lo, 4);
-    memcpy(&b, &hi, 4);
-    a = (a + 0x7fffu + ((a >> 16) & 1u)) >> 16;
-    b = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
-    return a | (b << 16);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+}
+
+static inline uint32_t bf16_pair(const float lo, const float hi) {
+    return float_to_bf16(lo) | (float_to_bf16(hi) << 16);
 }
 
 static inline float bits_to_float(const uint32_t u) {
