@@ -183,6 +183,64 @@ def test_prefill_of_a_sequence_is_the_same_alone_or_with_others():
     assert torch.equal(alone, together[30:])
 
 
+needs_bf16 = pytest.mark.skipif(kernel is None or kernel.bf16_prefill_address is None,
+                                reason="the CPU has no AVX512-BF16: bfloat16 prompt attention stays float32")
+
+
+def bf16(x):
+    return x.bfloat16().float()
+
+
+@needs_bf16
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "block_size"),
+                         [(9, 3, 64, 16), (4, 2, 16, 4), (6, 1, 128, 17), (48, 1, 32, 16), (4, 2, 80, 16)])
+def test_bf16_prefill_is_attention_over_bf16_operands(heads, kv_heads, dim, block_size):
+    """Ragged prompts after cached tokens (odd lengths leave half a key pair; head size 80 is not a whole
+    number of 4-vector blocks), against float64 attention whose scaled queries, keys and values were rounded
+    to bfloat16 first: what is left is the kernel's bfloat16 rounding of the softmax weights (< 1e-2 here),
+    where a mistaken pairing of keys, dims or heads is off by the values' own size."""
+    gen = torch.Generator().manual_seed(5)
+    cached, new = [0, 3, 16, 0, 40, 7], [2, 15, 16, 17, 40, 129]
+    total = sum(new)
+    q = torch.randn(total, (heads + 2 * kv_heads) * dim, generator=gen).view(total, -1, dim)[:, :heads] * 2
+    contexts = [tuple(torch.randn(c + n, kv_heads, dim, generator=gen) for _ in range(2))
+                for c, n in zip(cached, new, strict=True)]
+    k_cache, v_cache, tables = paged(contexts, kv_heads, dim, block_size, gen)
+    out = torch.full((total, heads, dim), float("nan"))
+    starts = [sum(new[:i]) for i in range(len(new))]
+    kernel.prefill(q, out, k_cache, v_cache, tables, [PrefillSequence(s, n, c + n, i) for i, (s, n, c) in
+                                                      enumerate(zip(starts, new, cached, strict=True))],
+                   dim**-0.5, bf16=True)
+    for start, n, (k, v) in zip(starts, new, contexts, strict=True):
+        rows = slice(start, start + n)
+        want = causal_reference(bf16(q[rows] * dim**-0.5), bf16(k), bf16(v), 1.0)
+        torch.testing.assert_close(out[rows], want, rtol=0, atol=1e-2)
+        assert (out[rows] - causal_reference(q[rows], k, v, dim**-0.5)).abs().max() > 1e-5  # it did round
+
+
+@needs_bf16
+def test_bf16_prefill_of_a_sequence_is_the_same_alone_or_with_others():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(100, 9, 64, generator=gen)
+    contexts = [tuple(torch.randn(n, 3, 64, generator=gen) for _ in range(2)) for n in (30, 90)]
+    k_cache, v_cache, tables = paged(contexts, 3, 64, 16, gen)
+    together = torch.empty(100, 9, 64)
+    both = [PrefillSequence(0, 30, 30, 0), PrefillSequence(30, 70, 90, 1)]
+    kernel.prefill(q, together, k_cache, v_cache, tables, both, 0.125, bf16=True)
+    alone = torch.empty(70, 9, 64)
+    kernel.prefill(q[30:], alone, k_cache, v_cache, tables[1:], [PrefillSequence(0, 70, 90, 0)], 0.125, bf16=True)
+    assert torch.equal(alone, together[30:])
+
+
+def test_bf16_prefill_is_refused_where_the_cpu_lacks_it(monkeypatch):
+    monkeypatch.setattr(kernel, "_prefill_bf16", None)
+    q = torch.zeros(2, 2, 16)
+    cache = torch.zeros(1, 4, 1, 16)
+    with pytest.raises(ValueError, match="AVX512-BF16"):
+        kernel.prefill(q, torch.empty_like(q), cache, cache, torch.zeros(1, 1, dtype=torch.int32),
+                       [PrefillSequence(0, 2, 2, 0)], 0.25, bf16=True)
+
+
 def test_prefill_takes_only_groups_its_work_items_hold():
     cache = torch.zeros(4, 16, 1, 64)
     assert CpuAttentionKernels.supports_prefill(torch.zeros(3, 48, 64), cache)
@@ -220,3 +278,15 @@ def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, mo
     with pytest.raises(RuntimeError, match="paged decode kernel disagrees"):
         cpu_kernels._self_check(broken)
     cpu_kernels._self_check(CpuAttentionKernels(build_library("attention_as_shipped", cpu_kernels._SOURCE)))
+
+
+@needs_bf16
+def test_self_check_rejects_a_library_whose_bf16_prefill_is_wrong(tmp_path, monkeypatch):
+    """A bfloat16 prefill that reads KV head 0's keys for every head must not serve either."""
+    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
+    right = "bf16_row(key_row(kc, table, j0 + t, BS, tok) + h * D, 1.f, D, kb + t * D)"
+    assert right in cpu_kernels._SOURCE
+    broken = CpuAttentionKernels(build_library("attention_wrong_bf16_keys",
+                                               cpu_kernels._SOURCE.replace(right, right.replace(" + h * D", ""))))
+    with pytest.raises(RuntimeError, match=r"prefill attention kernel \(bfloat16\) disagrees"):
+        cpu_kernels._self_check(broken)

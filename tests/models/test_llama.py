@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models import load_model
 from tgi_llm.models.llama import Linear
@@ -192,6 +193,12 @@ def test_bfloat16_runs_close_to_float32(tiny_model_factory, paged_batcher):
         out[dtype] = torch.cat(run.step(list(enumerate(prompts))))
         if dtype == torch.bfloat16 and model.float_kernels is not None:  # the CPU's bfloat16 GEMM took them
             assert {m.weight.dtype for m in model.layers.modules() if isinstance(m, Linear)} == {torch.bfloat16}
+            # and prompt attention takes bfloat16 products where the CPU has them
+            kernels = cpu_attention_kernels()
+            assert model.bf16_prefill_attention == (kernels is not None and kernels.bf16_prefill_address is not None)
+            assert run.model.attention_backend.bf16_prefill == model.bf16_prefill_attention
+        else:
+            assert not model.bf16_prefill_attention
     assert out[torch.bfloat16].dtype == torch.float32  # logits are float32 whatever the model dtype
     assert 0 < rel_err(out[torch.bfloat16], out[torch.float32]) < 0.05
 

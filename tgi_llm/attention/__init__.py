@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, cpu_attention_kernels
 from tgi_llm.attention.flash import FLASH_BLOCK_SIZE_MULTIPLE, FlashPagedAttention, flash_attn_available
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
@@ -42,26 +42,30 @@ def preferred_block_size(device: str | torch.device, default: int = 16) -> int:
     return default
 
 
-def prepare_cpu_attention(device: str | torch.device, dtype: torch.dtype) -> None:
+def prepare_cpu_attention(device: str | torch.device, dtype: torch.dtype) -> CpuAttentionKernels | None:
     """Build (or find in the cache) the C attention kernels now, while the model loads, so the first request
     never waits for a compiler and the log says which path this process uses (see cpu_kernels.py)."""
     if torch.device(device).type == "cpu" and dtype == torch.float32:
-        cpu_attention_kernels()
+        return cpu_attention_kernels()
+    return None
 
 
-def select_attention_backend(device: str | torch.device, block_size: int, name: str | None = None) -> AttentionBackend:
-    """flash-attn on CUDA when installed, else plain torch. `name` forces one ("torch", "flash-attn")."""
+def select_attention_backend(device: str | torch.device, block_size: int, name: str | None = None,
+                             cpu_bf16_prefill: bool = False) -> AttentionBackend:
+    """flash-attn on CUDA when installed, else plain torch. `name` forces one ("torch", "flash-attn").
+    `cpu_bf16_prefill`: on the CPU, prompt chunks with bfloat16 products (see TorchPagedAttention)."""
     device = torch.device(device)
+    cpu_bf16_prefill = cpu_bf16_prefill and device.type == "cpu"
     if name is not None and name not in BACKENDS:
         raise ValueError(f"unknown attention backend {name!r}; choose one of {BACKENDS}")
     if name == "torch":
         logger.info("attention backend: torch (requested)")
-        return TorchPagedAttention()
+        return TorchPagedAttention(cpu_bf16_prefill)
     if device.type != "cuda":
         if name == "flash-attn":
             raise ValueError(f"attention backend flash-attn needs a CUDA device, got {device}")
         logger.info("attention backend: torch (device %s)", device)
-        return TorchPagedAttention()
+        return TorchPagedAttention(cpu_bf16_prefill)
     if not flash_attn_available():
         if name == "flash-attn":
             raise ValueError("attention backend flash-attn requested but the flash_attn package is missing")

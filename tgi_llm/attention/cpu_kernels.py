@@ -257,6 +257,73 @@ static inline __attribute__((always_inline)) void score_block(const float* restr
         UNROLL for (int r = 0; r < RB; r++) if (r < R) vst(pt + t * NRV + (n0 + r) * VL, s[t][r]);
 }
 
+static inline void init_rows(VI* lastv, V* mx, V* l, float* restrict acc, const int64_t NR, const int64_t NQ,
+                             const int64_t G, const int64_t first, const int64_t end, const int64_t D) {
+    /* an item's NR row vectors before its first key tile: row r's last visible key is its token's position
+       (first + r / G; padding rows see every key), no max yet, nothing summed */
+    int32_t last[MAXQ];
+    for (int64_t r = 0; r < NR * VL; r++) last[r] = (int32_t)(r < NQ ? first + r / G : end - 1);
+    memset(acc, 0, NR * VL * D * sizeof(float));
+    for (int64_t n = 0; n < NR; n++) {
+        mx[n] = vset1(-INFINITY);
+        l[n] = vzero();
+        memcpy(&lastv[n], last + n * VL, sizeof(VI));
+    }
+}
+
+static inline void tile_softmax(float* restrict pt, const int64_t NRV, const int64_t NR, const int masked,
+                                const int64_t j0, const VI* lastv, V* mx, V* l, float* restrict acc, const int64_t D) {
+    /* One key tile's scores pt [KT][NRV] -> softmax numerators under the rows' running max (masked: some key
+       of the tile is in some row's future, -inf there), the running sums l updated, acc rescaled where a
+       row's max moved */
+    for (int64_t n = 0; n < NR; n++) {
+        float* p = pt + n * VL;
+        if (masked)
+            for (int64_t t = 0; t < KT; t++) {
+                const VI future = ((VI){0} + (int32_t)(j0 + t)) > lastv[n];
+                vst(p + t * NRV, vblend(future, vset1(-INFINITY), vld(p + t * NRV)));
+            }
+        V tmax = vld(p);
+        for (int64_t t = 1; t < KT; t++) tmax = vmax(tmax, vld(p + t * NRV));
+        const VI up = tmax > mx[n] + vset1(RESCALE_MARGIN);
+        if (vany(up)) { /* rescale what was summed under the old max, in the rows whose max moves */
+            const V moved = vblend(up, tmax, mx[n]);
+            const V corr = vblend(mx[n] > vset1(-INFINITY), vexp(mx[n] - moved), vzero());
+            float c[VL];
+            vst(c, corr);
+            l[n] = vmul(l[n], corr);
+            for (int64_t i = 0; i < VL; i++)
+                if (c[i] != 1.f) {
+                    float* a = acc + (n * VL + i) * D;
+                    for (int64_t d = 0; d < D; d += VL) vst(a + d, vmul(vld(a + d), vset1(c[i])));
+                }
+            mx[n] = moved;
+        }
+        const V mb = mx[n];
+        V sum = l[n];
+        for (int64_t t = 0; t < KT; t++) {
+            const V x = vld(p + t * NRV);
+            const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero()); /* masked keys weigh 0 */
+            vst(p + t * NRV, e);
+            sum = vadd(sum, e);
+        }
+        l[n] = sum;
+    }
+}
+
+static inline void write_rows(float* restrict out, const float* restrict acc, const V* l, const int64_t NR,
+                              const int64_t NQ, const int64_t i0, const int64_t G, const int64_t Hq, const int64_t h,
+                              const int64_t D) {
+    /* out rows of the item's NQ query rows: acc / the softmax sums */
+    float lsum[MAXQ];
+    for (int64_t n = 0; n < NR; n++) vst(lsum + n * VL, l[n]);
+    for (int64_t r = 0; r < NQ; r++) {
+        const V inv = vset1(1.f / lsum[r]);
+        float* o = out + ((i0 + r / G) * Hq + h * G + r % G) * D;
+        for (int64_t c = 0; c < D; c += VL) vst(o + c, vmul(vld(acc + r * D + c), inv));
+    }
+}
+
 static void prefill_item(const float* restrict q, const int64_t qs, float* restrict out, const float* kc,
                          const float* vc, const int32_t* restrict table, const int64_t BS, const int64_t tok,
                          const int64_t h, const int64_t G, const int64_t Hq, const int64_t D, const int64_t i0,
@@ -265,7 +332,6 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
     /* queries: tokens i0 .. i0 + m - 1 of the chunk (context positions off + i0 ...), heads h*G .. h*G+G-1;
        row r = token (r / G), head (r % G); rows past NQ (padding) see every key with a zero query */
     const int64_t NQ = m * G, NR = ceil_div(NQ, VL), NRV = NR * VL, end = off + i0 + m;
-    int32_t last[MAXQ];
     for (int64_t r = 0; r < NRV; r++) {
         if (r < NQ) {
             const float* src = q + (i0 + r / G) * qs + (h * G + r % G) * D;
@@ -273,16 +339,10 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
         } else {
             for (int64_t d = 0; d < D; d++) qt[d * NRV + r] = 0.f;
         }
-        last[r] = (int32_t)(r < NQ ? off + i0 + r / G : end - 1);
-        memset(acc + r * D, 0, D * sizeof(float));
     }
     V mx[MAXQ / VL], l[MAXQ / VL];
     VI lastv[MAXQ / VL];
-    for (int64_t n = 0; n < NR; n++) {
-        mx[n] = vset1(-INFINITY);
-        l[n] = vzero();
-        memcpy(&lastv[n], last + n * VL, sizeof(VI));
-    }
+    init_rows(lastv, mx, l, acc, NR, NQ, G, off + i0, end, D);
     const float* krow[KT];
     const float* vrow[KT];
     for (int64_t j0 = 0; j0 < end; j0 += KT) {
@@ -304,40 +364,7 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
                 else
                     score_block(qt, NRV, krow + t0, D, pt + t0 * NRV, n0, 1);
             }
-        const int masked = j0 + KT - 1 > off + i0; /* some key of the tile is in some row's future */
-        for (int64_t n = 0; n < NR; n++) {
-            float* p = pt + n * VL;
-            if (masked)
-                for (int64_t t = 0; t < KT; t++) {
-                    const VI future = ((VI){0} + (int32_t)(j0 + t)) > lastv[n];
-                    vst(p + t * NRV, vblend(future, vset1(-INFINITY), vld(p + t * NRV)));
-                }
-            V tmax = vld(p);
-            for (int64_t t = 1; t < KT; t++) tmax = vmax(tmax, vld(p + t * NRV));
-            const VI up = tmax > mx[n] + vset1(RESCALE_MARGIN);
-            if (vany(up)) { /* rescale what was summed under the old max, in the rows whose max moves */
-                const V moved = vblend(up, tmax, mx[n]);
-                const V corr = vblend(mx[n] > vset1(-INFINITY), vexp(mx[n] - moved), vzero());
-                float c[VL];
-                vst(c, corr);
-                l[n] = vmul(l[n], corr);
-                for (int64_t i = 0; i < VL; i++)
-                    if (c[i] != 1.f) {
-                        float* a = acc + (n * VL + i) * D;
-                        for (int64_t d = 0; d < D; d += VL) vst(a + d, vmul(vld(a + d), vset1(c[i])));
-                    }
-                mx[n] = moved;
-            }
-            const V mb = mx[n];
-            V sum = l[n];
-            for (int64_t t = 0; t < KT; t++) {
-                const V x = vld(p + t * NRV);
-                const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero()); /* masked keys weigh 0 */
-                vst(p + t * NRV, e);
-                sum = vadd(sum, e);
-            }
-            l[n] = sum;
-        }
+        tile_softmax(pt, NRV, NR, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D);
         for (int64_t r0 = 0; r0 < NRV; r0 += RP) {
             int64_t c0 = 0;
             for (; c0 + CB * VL <= D; c0 += CB * VL) {
@@ -363,13 +390,7 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
                 }
         }
     }
-    float lsum[MAXQ];
-    for (int64_t n = 0; n < NR; n++) vst(lsum + n * VL, l[n]);
-    for (int64_t r = 0; r < NQ; r++) {
-        const V inv = vset1(1.f / lsum[r]);
-        float* o = out + ((i0 + r / G) * Hq + h * G + r % G) * D;
-        for (int64_t c = 0; c < D; c += VL) vst(o + c, vmul(vld(acc + r * D + c), inv));
-    }
+    write_rows(out, acc, l, NR, NQ, i0, G, Hq, h, D);
 }
 
 /* Sequence s: its queries are rows qstart[s] .. qstart[s] + qlen[s] - 1 of q (row stride qs) and of out
@@ -414,6 +435,206 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
     }
     return failed ? -1 : 0;
 }
+
+/* ---- prefill with bfloat16 products (AVX512-BF16 only) ----
+   The same work items, key tiles and online softmax as paged_prefill_f32, with q . k and p . v through
+   vdpbf16ps (two products of bfloat16 operands per float lane per instruction, summed in float32). For
+   models whose linears already round their activations to bfloat16 (--dtype bfloat16 on the CPU);
+   everything else keeps the float32 kernel, and so does every CPU without these instructions (emulated
+   they would be slower than float32). Each call first rounds its sequences' K and V to bfloat16 once, for
+   all the query tiles that read them: K rows as they are (a key's dims pair up as vdpbf16ps reads them), V
+   with two keys' rows interleaved (p . v sums over keys). Scores, softmax and the output stay float32. */
+#if defined(__AVX512BF16__) && VL == 16
+int has_bf16_prefill(void) { return 1; }
+
+static const uint16_t INTERLEAVE_IDX[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
+static inline __m512i bf16_interleave(const __m512 lo, const __m512 hi) {
+    /* 32-bit lane i: bf16(lo[i]) | bf16(hi[i]) << 16, rounded to nearest even */
+    return _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE_IDX), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+}
+
+static inline void bf16_row(const float* restrict x, const float scale, const int64_t D, uint16_t* restrict out) {
+    for (int64_t c = 0; c < D; c += VL)
+        _mm256_storeu_si256((__m256i*)(out + c), (__m256i)_mm512_cvtneps_pbh(vmul(vld(x + c), vset1(scale))));
+}
+
+static void convert_kv_tile(const float* kc, const float* vc, const int32_t* table, const int64_t BS,
+                            const int64_t tok, const int64_t h, const int64_t D, const int64_t j0, const int64_t n,
+                            uint16_t* restrict kb, uint32_t* restrict vb) {
+    /* keys j0 .. j0 + n - 1 of one KV head into a tile of KT: K rows at kb ([KT][D] bfloat16), V key pairs at
+       vb ([KT / 2][D] words); rows past n are zeros (their scores are masked, their weights 0) */
+    const V zero = vzero();
+    for (int64_t t = 0; t < KT; t++) {
+        if (t < n) bf16_row(key_row(kc, table, j0 + t, BS, tok) + h * D, 1.f, D, kb + t * D);
+        else memset(kb + t * D, 0, D * sizeof(uint16_t));
+    }
+    for (int64_t t = 0; t < KT; t += 2) {
+        const float* a = t < n ? key_row(vc, table, j0 + t, BS, tok) + h * D : NULL;
+        const float* b = t + 1 < n ? key_row(vc, table, j0 + t + 1, BS, tok) + h * D : NULL;
+        for (int64_t c = 0; c < D; c += VL)
+            _mm512_storeu_si512(vb + t / 2 * D + c, bf16_interleave(a ? vld(a + c) : zero, b ? vld(b + c) : zero));
+    }
+}
+
+static inline __attribute__((always_inline)) void score_block_bf16(const uint32_t* restrict qt, const int64_t NRV,
+                                                                   const uint32_t* const* krow, const int64_t D2,
+                                                                   float* restrict pt, const int64_t n0, const int R) {
+    /* score_block with bfloat16 pairs: qt [D / 2][NRV] and the key rows as dim pairs */
+    V s[TK][RB];
+    UNROLL for (int t = 0; t < TK; t++) UNROLL for (int r = 0; r < RB; r++) s[t][r] = vzero();
+    for (int64_t d = 0; d < D2; d++) {
+        __m512i qv[RB];
+        UNROLL for (int r = 0; r < RB; r++) if (r < R) qv[r] = _mm512_loadu_si512(qt + d * NRV + (n0 + r) * VL);
+        UNROLL for (int t = 0; t < TK; t++) {
+            const __m512i kb = _mm512_set1_epi32((int)krow[t][d]);
+            UNROLL for (int r = 0; r < RB; r++)
+                if (r < R) s[t][r] = _mm512_dpbf16_ps(s[t][r], (__m512bh)qv[r], (__m512bh)kb);
+        }
+    }
+    UNROLL for (int t = 0; t < TK; t++)
+        UNROLL for (int r = 0; r < RB; r++) if (r < R) vst(pt + t * NRV + (n0 + r) * VL, s[t][r]);
+}
+
+static void prefill_item_bf16(const float* restrict q, const int64_t qs, float* restrict out,
+                              const uint16_t* restrict kb, const uint32_t* restrict vb, const int64_t h,
+                              const int64_t G, const int64_t Hq, const int64_t D, const int64_t i0, const int64_t m,
+                              const int64_t off, const float scale, uint32_t* restrict qt, float* restrict acc,
+                              float* restrict pt, uint32_t* restrict pp) {
+    /* prefill_item over the call's bfloat16 K (kb: [keys][D]) and V pairs (vb: [keys / 2][D]) of head h */
+    const int64_t NQ = m * G, NR = ceil_div(NQ, VL), NRV = NR * VL, end = off + i0 + m, D2 = D / 2;
+    uint32_t row[128]; /* one query row in bfloat16, D <= 256 */
+    for (int64_t r = 0; r < NRV; r++) {
+        if (r < NQ) bf16_row(q + (i0 + r / G) * qs + (h * G + r % G) * D, scale, D, (uint16_t*)row);
+        else memset(row, 0, D * sizeof(uint16_t));
+        for (int64_t d = 0; d < D2; d++) qt[d * NRV + r] = row[d];
+    }
+    V mx[MAXQ / VL], l[MAXQ / VL];
+    VI lastv[MAXQ / VL];
+    init_rows(lastv, mx, l, acc, NR, NQ, G, off + i0, end, D);
+    const uint32_t* krow[KT];
+    for (int64_t j0 = 0; j0 < end; j0 += KT) {
+        const int64_t nk = end - j0 < KT ? end - j0 : KT, np = (nk + 1) / 2;
+        for (int64_t t = 0; t < KT; t++) krow[t] = (const uint32_t*)(kb + (j0 + t) * D);
+        for (int64_t t0 = 0; t0 < KT; t0 += TK)
+            for (int64_t n0 = 0; n0 < NR; n0 += RB) {
+                const int64_t R = NR - n0 < RB ? NR - n0 : RB;
+                if (R == RB) score_block_bf16(qt, NRV, krow + t0, D2, pt + t0 * NRV, n0, RB);
+                else if (R == 2) score_block_bf16(qt, NRV, krow + t0, D2, pt + t0 * NRV, n0, 2);
+                else score_block_bf16(qt, NRV, krow + t0, D2, pt + t0 * NRV, n0, 1);
+            }
+        tile_softmax(pt, NRV, NR, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D);
+        for (int64_t t = 0; t < np; t++) /* the weights of key pairs, as vdpbf16ps reads them */
+            for (int64_t n = 0; n < NR; n++)
+                _mm512_storeu_si512(pp + t * NRV + n * VL, bf16_interleave(vld(pt + 2 * t * NRV + n * VL),
+                                                                           vld(pt + (2 * t + 1) * NRV + n * VL)));
+        const uint32_t* vt = vb + j0 / 2 * D;
+        for (int64_t r0 = 0; r0 < NRV; r0 += RP) {
+            int64_t c0 = 0;
+            for (; c0 + CB * VL <= D; c0 += CB * VL) {
+                V a[RP][CB];
+                UNROLL for (int r = 0; r < RP; r++)
+                    UNROLL for (int c = 0; c < CB; c++) a[r][c] = vld(acc + (r0 + r) * D + c0 + c * VL);
+                for (int64_t t = 0; t < np; t++) {
+                    __m512i vv[CB];
+                    UNROLL for (int c = 0; c < CB; c++) vv[c] = _mm512_loadu_si512(vt + t * D + c0 + c * VL);
+                    UNROLL for (int r = 0; r < RP; r++) {
+                        const __m512i pb = _mm512_set1_epi32((int)pp[t * NRV + r0 + r]);
+                        UNROLL for (int c = 0; c < CB; c++)
+                            a[r][c] = _mm512_dpbf16_ps(a[r][c], (__m512bh)pb, (__m512bh)vv[c]);
+                    }
+                }
+                UNROLL for (int r = 0; r < RP; r++)
+                    UNROLL for (int c = 0; c < CB; c++) vst(acc + (r0 + r) * D + c0 + c * VL, a[r][c]);
+            }
+            for (; c0 < D; c0 += VL) /* head sizes that are not a multiple of CB vectors */
+                for (int r = 0; r < RP; r++) {
+                    V a = vld(acc + (r0 + r) * D + c0);
+                    for (int64_t t = 0; t < np; t++)
+                        a = _mm512_dpbf16_ps(a, (__m512bh)_mm512_set1_epi32((int)pp[t * NRV + r0 + r]),
+                                             (__m512bh)_mm512_loadu_si512(vt + t * D + c0));
+                    vst(acc + (r0 + r) * D + c0, a);
+                }
+        }
+    }
+    write_rows(out, acc, l, NR, NQ, i0, G, Hq, h, D);
+}
+
+/* paged_prefill_f32's arguments and work items. Returns 0, or -1 when memory for the bfloat16 K/V or a
+   thread's scratch could not be allocated. */
+int paged_prefill_bf16(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                       int64_t BS, float scale, int nthreads) {
+    const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D;
+    int64_t items = 0, tiles = 0, words = 0; /* words: bfloat16 values of K (and as many of V) */
+    for (int64_t s = 0; s < S; s++) {
+        items += Hkv * ceil_div(qlen[s], MT);
+        tiles += Hkv * ceil_div(klen[s], KT);
+        words += Hkv * ceil_div(klen[s], KT) * KT * D;
+    }
+    uint16_t* kbuf = malloc(sizeof(uint16_t) * words);
+    uint32_t* vbuf = malloc(sizeof(uint16_t) * words);
+    if (kbuf == NULL || vbuf == NULL) {
+        free(kbuf);
+        free(vbuf);
+        return -1;
+    }
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < tiles; it++) {
+            int64_t rest = it, s = 0, base = 0; /* base: sequence s's first word */
+            while (rest >= Hkv * ceil_div(klen[s], KT)) {
+                rest -= Hkv * ceil_div(klen[s], KT);
+                base += Hkv * ceil_div(klen[s], KT) * KT * D;
+                s++;
+            }
+            const int64_t per_head = ceil_div(klen[s], KT), h = rest / per_head, j0 = rest % per_head * KT;
+            const int64_t at = base + (h * per_head * KT + j0) * D;
+            convert_kv_tile(kc, vc, tables + trow[s] * W, BS, tok, h, D, j0, klen[s] - j0 < KT ? klen[s] - j0 : KT,
+                            kbuf + at, vbuf + at / 2);
+        }
+        float* scratch = malloc(sizeof(float) * (MAXQ * D / 2 + MAXQ * D + MAXQ * KT + MAXQ * KT / 2));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (scratch == NULL) continue;
+            int64_t rest = it, s = 0, base = 0;
+            while (rest >= Hkv * ceil_div(qlen[s], MT)) {
+                rest -= Hkv * ceil_div(qlen[s], MT);
+                base += Hkv * ceil_div(klen[s], KT) * KT * D;
+                s++;
+            }
+            const int64_t tile = ceil_div(qlen[s], MT) - 1 - rest / Hkv, h = rest % Hkv;
+            const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
+            const int64_t at = base + h * ceil_div(klen[s], KT) * KT * D;
+            uint32_t* qt = (uint32_t*)scratch;
+            float *acc = scratch + MAXQ * D / 2, *pt = acc + MAXQ * D;
+            uint32_t* pp = (uint32_t*)(pt + MAXQ * KT);
+            const float* qq = q + qstart[s] * qs;
+            float* oo = out + qstart[s] * Hq * D;
+            if (D == 64)
+                prefill_item_bf16(qq, qs, oo, kbuf + at, vbuf + at / 2, h, G, Hq, 64, i0, m, klen[s] - qlen[s],
+                                  scale, qt, acc, pt, pp);
+            else
+                prefill_item_bf16(qq, qs, oo, kbuf + at, vbuf + at / 2, h, G, Hq, D, i0, m, klen[s] - qlen[s],
+                                  scale, qt, acc, pt, pp);
+        }
+        free(scratch);
+    }
+    free(kbuf);
+    free(vbuf);
+    return failed ? -1 : 0;
+}
+#else
+int has_bf16_prefill(void) { return 0; }
+#endif
 """
 
 #: The decode kernel keeps 16 partial vectors per query head on the stack.
@@ -441,6 +662,14 @@ class CpuAttentionKernels:
         self._prefill.restype = ctypes.c_int
         #: `paged_prefill_f32`'s address, for C callers (the fused layer stack)
         self.prefill_address = ctypes.cast(self._prefill, ctypes.c_void_p).value
+        #: The same with bfloat16 products, where the CPU has AVX512-BF16 (None elsewhere): same arguments.
+        self._prefill_bf16 = None
+        self.bf16_prefill_address: int | None = None
+        if lib.has_bf16_prefill():
+            self._prefill_bf16 = lib.paged_prefill_bf16
+            self._prefill_bf16.argtypes = self._prefill.argtypes
+            self._prefill_bf16.restype = ctypes.c_int
+            self.bf16_prefill_address = ctypes.cast(self._prefill_bf16, ctypes.c_void_p).value
         self._lib = lib
         #: Prompt chunks through the prefill kernel (True) or SDPA (False): measured at load (_choose_prefill).
         self.prefill_wins = True
@@ -498,22 +727,27 @@ class CpuAttentionKernels:
         block_tables: torch.Tensor,  # [B, W] int32
         sequences: list[PrefillSequence],
         scale: float,
+        bf16: bool = False,
     ) -> None:
         """Causal attention of each sequence's new tokens over its whole context, read in place from the
-        paged cache, all sequences in one call."""
+        paged cache, all sequences in one call. `bf16`: products of bfloat16-rounded operands (only where
+        `bf16_prefill_address` is set)."""
         assert out.is_contiguous() and out.shape == q.shape
         assert k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
         q = q if _rows_ok(q) else q.contiguous()
         _, block_size, kv_heads, dim = k_cache.shape
         tables = block_tables.to(torch.int32).contiguous()
         meta = prefill_arguments(sequences)
-        failed = self._prefill(
+        run = self._prefill_bf16 if bf16 else self._prefill
+        if run is None:
+            raise ValueError("bfloat16 prefill attention needs a CPU with AVX512-BF16")
+        failed = run(
             q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
             tables.shape[1], *(row.data_ptr() for row in meta), len(sequences), q.shape[1],
             kv_heads, dim, block_size, scale, torch.get_num_threads(),
         )
         if failed:
-            raise MemoryError("prefill attention kernel: no memory for its per-thread scratch")
+            raise MemoryError("prefill attention kernel: no memory for its scratch")
 
 
 def prefill_arguments(sequences: list[PrefillSequence]) -> torch.Tensor:
@@ -561,18 +795,20 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
         if not all(torch.allclose(out, want, rtol=1e-4, atol=1e-5) for out in (got[i], *batched[:, i])):
             raise RuntimeError("paged decode kernel disagrees with torch")
     qp = torch.randn(9, heads, dim, generator=gen)
-    out = torch.empty_like(qp)
-    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones, read through tables 1 and 2
-    kernels.prefill(qp, out, k_cache, v_cache, tables, [PrefillSequence(0, 4, 4, 1), PrefillSequence(4, 5, 13, 2)],
-                    0.125)
-    for start, n, context, row in ((0, 4, 4, 1), (4, 5, 13, 2)):
-        kp, vp = (c[tables[row]].reshape(-1, kv_heads, dim)[:context] for c in (k_cache, v_cache))
-        mask = torch.ones(n, context, dtype=torch.bool).tril(context - n)
-        want = torch.nn.functional.scaled_dot_product_attention(
-            qp[start:start + n].transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1),
-            attn_mask=mask, scale=0.125, enable_gqa=True).transpose(0, 1)
-        if not torch.allclose(out[start:start + n], want, rtol=1e-4, atol=1e-5):
-            raise RuntimeError("prefill attention kernel disagrees with torch")
+    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones, read through tables 1 and 2; bfloat16
+    # products differ from float32 by the operands' rounding (~1e-2 here), a wrong kernel by the values' size
+    for bf16, tolerance in ((False, 1e-5), (True, 5e-2))[:2 if kernels.bf16_prefill_address else 1]:
+        out = torch.empty_like(qp)
+        kernels.prefill(qp, out, k_cache, v_cache, tables, [PrefillSequence(0, 4, 4, 1), PrefillSequence(4, 5, 13, 2)],
+                        0.125, bf16=bf16)
+        for start, n, context, row in ((0, 4, 4, 1), (4, 5, 13, 2)):
+            kp, vp = (c[tables[row]].reshape(-1, kv_heads, dim)[:context] for c in (k_cache, v_cache))
+            mask = torch.ones(n, context, dtype=torch.bool).tril(context - n)
+            want = torch.nn.functional.scaled_dot_product_attention(
+                qp[start:start + n].transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1),
+                attn_mask=mask, scale=0.125, enable_gqa=True).transpose(0, 1)
+            if not torch.allclose(out[start:start + n], want, rtol=1e-4, atol=tolerance):
+                raise RuntimeError(f"prefill attention kernel{' (bfloat16)' if bf16 else ''} disagrees with torch")
 
 
 def _sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

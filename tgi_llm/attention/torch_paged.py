@@ -22,6 +22,10 @@ class TorchPagedAttention:
     #: Any block size works.
     required_block_size: int | None = None
 
+    def __init__(self, bf16_prefill: bool = False) -> None:
+        #: Prompt chunks through the kernel's bfloat16 products (a model whose linears run in bfloat16).
+        self.bf16_prefill = bf16_prefill
+
     def forward(
         self,
         q: torch.Tensor,
@@ -64,7 +68,7 @@ class TorchPagedAttention:
                 )
             start += q_len
         if prompts:
-            kernels.prefill(q, out, k_cache, v_cache, attn.block_tables, prompts, scale)
+            kernels.prefill(q, out, k_cache, v_cache, attn.block_tables, prompts, scale, bf16=self.bf16_prefill)
         if decode_seqs:
             seq_idx = torch.tensor(decode_seqs, device=q.device)
             tok_idx = torch.tensor(decode_tokens, device=q.device)

@@ -260,6 +260,8 @@ class FusedDecode:
             for descs in [[m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]]))
         self._apply = quant_kernels().apply_address
         self._attention = cpu_attention_kernels()
+        self._prefill_address = (self._attention.bf16_prefill_address if model.attention_backend.bf16_prefill
+                                 else self._attention.prefill_address)
         self.block_size = kv_caches[0][0].shape[1]
         #: None until a first step was compared with the torch layers; then whether they agreed.
         self.agrees: bool | None = None
@@ -321,7 +323,7 @@ class FusedDecode:
             sequences = [PrefillSequence(start, n, seq_len, i) for i, (start, n, seq_len)
                          in enumerate(zip(first_rows, lens_cpu, attn.seq_lens_cpu, strict=True)) if i >= decodes]
             meta = prefill_arguments(sequences)
-            prompts = _Prompts(self._attention.prefill_address, len(sequences), *(row.data_ptr() for row in meta))
+            prompts = _Prompts(self._prefill_address, len(sequences), *(row.data_ptr() for row in meta))
         failed = self._lib.layer_stack(
             self._layers, len(self._layers), self._apply, self._attention.decode_address, ctypes.byref(prompts),
             hidden.data_ptr(), out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads,

@@ -225,6 +225,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = self.embed_tokens if tied else nn.Parameter(head, requires_grad=False)
         self.rotary = RotaryEmbedding(config.rope, config.head_dim, config.max_position_embeddings)
         self.attention_backend = attention_backend
+        #: Prompt attention with bfloat16 products (load_model: bfloat16 linears on an AVX512-BF16 CPU).
+        self.bf16_prefill_attention = False
         self.lm_head_packed: torch.Tensor | None = None  # see prepare_cpu_linears
         self.lm_head_desc: WeightDesc | None = None  # the float head through the C kernels
         self.lm_head_panel_lanes = 0  # the float head (and a tied embedding table) in the panel order
@@ -290,7 +292,8 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final-norm hidden states [T, H] for a flat batch of T new tokens."""
         if self.attention_backend is None:
-            self.attention_backend = select_attention_backend(input_ids.device, attn.block_size)
+            self.attention_backend = select_attention_backend(input_ids.device, attn.block_size,
+                                                              cpu_bf16_prefill=self.bf16_prefill_attention)
         token_seq_lens = None
         if self.rotary.needs_seq_lens:
             query_lens = torch.tensor(attn.query_lens_cpu, device=input_ids.device)
@@ -387,7 +390,8 @@ def load_model(
     if arena is not None and arena.placed_bytes:
         logger.info("weights in huge pages: %.1f MB placed, %.1f MB of the process backed by them",
                     arena.placed_bytes / 1e6, huge_page_bytes() / 1e6)
-    prepare_cpu_attention(device, compute_dtype)
+    attention = prepare_cpu_attention(device, compute_dtype)
+    model.bf16_prefill_attention = bf16_weights and attention is not None and attention.bf16_prefill_address is not None
     if (weights.quantized or model.float_kernels is not None) and model.device.type == "cpu":
         fused_decode_library()  # built now, not on the first request's first token
     logger.info(
@@ -396,7 +400,8 @@ def load_model(
         config.model_type,
         config.num_hidden_layers,
         config.hidden_size,
-        "float32 with bfloat16 linear weights" if bf16_weights else dtype,
+        ("float32 with bfloat16 linear weights" + (" and bfloat16 prompt attention" if model.bf16_prefill_attention
+                                                    else "")) if bf16_weights else dtype,
         device,
         weights.quantization.describe() + (f" ({describe_gguf(weights.gguf)})" if weights.gguf else ""),
     )
