@@ -197,6 +197,8 @@ def test_bfloat16_runs_close_to_float32(tiny_model_factory, paged_batcher):
             kernels = cpu_attention_kernels()
             assert model.bf16_prefill_attention == (kernels is not None and kernels.bf16_prefill_address is not None)
             assert run.model.attention_backend.bf16_prefill == model.bf16_prefill_attention
+            # the LM head too, in the panel order where the vocabulary fills whole panels
+            assert model.lm_head.dtype == (torch.bfloat16 if model.lm_head_panel_lanes else torch.float32)
         else:
             assert not model.bf16_prefill_attention
     assert out[torch.bfloat16].dtype == torch.float32  # logits are float32 whatever the model dtype

@@ -9,6 +9,7 @@ import tgi_llm.quant.kernels as kernels_mod
 from tgi_llm.native_build import BASE_FLAGS, NativeBuildError, build_library
 from tgi_llm.quant.formats import (
     QuantizedWeight,
+    bf16_panel_rows,
     from_bf16_panels,
     from_panels,
     panel_rows,
@@ -165,6 +166,8 @@ def test_bfloat16_panels_round_trip():
     pairs = panels.view(4, 24, 16, 2)  # [panel][k-pair][row][2]
     assert torch.equal(pairs[1, 5, 3].float(), w[16 + 3, 10:12].bfloat16().float())
     assert torch.equal(from_bf16_panels(panels, 16), w.bfloat16().float())
+    ids = torch.tensor([0, 17, 63, 17])  # a tied embedding's lookup reads rows from the panels
+    assert torch.equal(bf16_panel_rows(panels, ids, 16), w[ids].bfloat16().float())
 
 
 @needs_kernel

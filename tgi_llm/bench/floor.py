@@ -51,6 +51,7 @@ class MatmulFloor:
             self.weight_bytes += _bytes_read(lin, weight, plain)
         quant_head = model.lm_head_quant
         head = model.lm_head if quant_head is None else quant_head.dense_weight()
+        head = head.to(dtype)  # a bfloat16 head (--dtype bfloat16 on the CPU) for F.linear of float32 rows
         x = torch.randn(batch, head.shape[1], dtype=dtype)
         if quant_head is not None and not plain:
             self.calls.append(lambda x=x: quant_head(x))

@@ -29,6 +29,7 @@ from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import (
     QuantizedWeight,
+    bf16_panel_rows,
     from_bf16_panels,
     from_panels,
     panel_rows,
@@ -257,13 +258,18 @@ class LlamaForCausalLM(nn.Module):
                 # in place, so a tied embedding table follows: `forward` reads its rows from the panels
                 if self.shard.world_size == 1:  # (a vocab-parallel shard's lookup keeps the plain order)
                     self.lm_head_panel_lanes = whole_panels(self.lm_head.shape[0], kernels.q8_panel_lanes)
-                self.lm_head.data = to_panels(self.lm_head.detach(), self.lm_head_panel_lanes, in_huge_pages)
+                if weight_dtype == torch.bfloat16 and self.lm_head_panel_lanes:  # half the bytes a token streams
+                    self.lm_head.data = to_bf16_panels(self.lm_head.detach(), self.lm_head_panel_lanes, in_huge_pages)
+                else:
+                    self.lm_head.data = to_panels(self.lm_head.detach(), self.lm_head_panel_lanes, in_huge_pages)
                 self.lm_head_desc = dense_desc(self.lm_head.detach(), panel=self.lm_head_panel_lanes > 0)
             self.float_kernels = kernels
             panels = sum(m.panel_lanes > 0 for m in linears)
             bf16 = sum(m.weight.dtype == torch.bfloat16 for m in linears)
             return (f"float linears: C kernels ({panels} of {len(linears)} in the panel order"
-                    + (f", {bf16} of them in bfloat16" if bf16 else "") + ")")
+                    + (f", {bf16} of them in bfloat16" if bf16 else "")
+                    + (", the LM head too" if self.lm_head_quant is None and self.lm_head.dtype == torch.bfloat16
+                       else "") + ")")
         return "linear weights packed for oneDNN" if self.pack_for_cpu() else None
 
     def pack_for_cpu(self) -> bool:
@@ -301,7 +307,8 @@ class LlamaForCausalLM(nn.Module):
         cos, sin = rotary_tables(*self.rotary.cos_sin(positions, token_seq_lens), self.dtype)
         if self.lm_head_panel_lanes and self.embed_tokens is self.lm_head:
             flat = input_ids.reshape(-1)
-            hidden = panel_rows(self.embed_tokens, flat, self.lm_head_panel_lanes).view(*input_ids.shape, -1)
+            rows = bf16_panel_rows if self.embed_tokens.dtype == torch.bfloat16 else panel_rows
+            hidden = rows(self.embed_tokens, flat, self.lm_head_panel_lanes).view(*input_ids.shape, -1)
         else:
             table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
             hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
@@ -337,7 +344,10 @@ class LlamaForCausalLM(nn.Module):
             return tp_ops.gather_vocab(logits, self.shard)
         if self.lm_head_packed is not None:
             return tp_ops.gather_vocab(packed_linear(hidden, self.lm_head_packed, None).float(), self.shard)
-        head = from_panels(self.lm_head, self.lm_head_panel_lanes)
+        if self.lm_head.dtype == torch.bfloat16 and self.lm_head_panel_lanes:
+            head = from_bf16_panels(self.lm_head, self.lm_head_panel_lanes).to(hidden.dtype)
+        else:
+            head = from_panels(self.lm_head, self.lm_head_panel_lanes)
         return tp_ops.gather_vocab(F.linear(hidden, head).float(), self.shard)
 
 

@@ -76,6 +76,12 @@ def from_bf16_panels(t: torch.Tensor, lanes: int) -> torch.Tensor:
     return t.view(n // lanes, k // 2, lanes, 2).transpose(1, 2).reshape(n, k).float()
 
 
+def bf16_panel_rows(t: torch.Tensor, index: torch.Tensor, lanes: int) -> torch.Tensor:
+    """`panel_rows` of a bfloat16 panel-order tensor (`to_bf16_panels`), as float32."""
+    n, k = t.shape
+    return t.view(n // lanes, k // 2, lanes, 2)[index // lanes, :, index % lanes].reshape(len(index), k).float()
+
+
 def panel_rows(t: torch.Tensor, index: torch.Tensor, lanes: int) -> torch.Tensor:
     """Rows `index` (1-D) of a panel-order [N, C] tensor, row-major [len(index), C], read from their
     panels alone (an embedding lookup per step must not rearrange the whole table)."""
