@@ -7,7 +7,9 @@ batch 32. `paged_decode_f32` reads K/V in place through the block table, one seq
 item: ~4x faster. Prefill: `paged_prefill_f32` attends every prompt chunk of the step in one call,
 reading each chunk's whole context (cached and new tokens) in place through its block table: no gathered
 copy, no mask tensor, and a chunk after cached tokens costs what the same rows of a whole prompt cost.
-Both are written on the native-width vectors of tgi_llm/native_vectors.py. Numbers in docs/PERFORMANCE.md.
+Both are written on the native-width vectors of tgi_llm/native_vectors.py. `paged_prefill_bf16`, built only
+where the CPU has AVX512-BF16, is the prefill kernel with bfloat16 products, for models whose linears run
+in bfloat16 (`--dtype bfloat16`). Numbers in docs/PERFORMANCE.md (items 21, 22, 25, 27).
 
 Which prefill is faster can differ by machine (SDPA's flash kernel runs its small GEMMs through MKL, which
 takes no AVX-512 path on AMD CPUs, and is good on AVX2). So the prefill path is measured once at load,

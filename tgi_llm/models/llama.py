@@ -373,8 +373,10 @@ def load_model(
 
     bfloat16 on the CPU, one shard, where the C kernels serve float linears: the decoder layers' weights are
     held in bfloat16 and multiplied by the kernels' bfloat16 GEMM (activations rounded to bfloat16 at each
-    matmul, products summed in float32; AVX512-BF16 where the CPU has it), everything else (norms, rope,
-    attention, the KV cache, the LM head) in float32. The model then reports float32 (`model.dtype`).
+    matmul, products summed in float32; AVX512-BF16 where the CPU has it), the LM head too where the
+    vocabulary fills whole panels, and prompt attention takes bfloat16 products on AVX512-BF16 CPUs;
+    everything else (norms, rope, the softmax, decode attention, the KV cache) is float32. The model then
+    reports float32 (`model.dtype`).
     torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md)."""
     config = ModelConfig.from_model_dir(model_dir)
     kernels_apply = torch.device(device).type == "cpu" and dtype == torch.float32
