@@ -12,6 +12,8 @@ from tgi_llm.native_build import build_library
 
 kernel = cpu_attention_kernels()
 pytestmark = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
+needs_bf16 = pytest.mark.skipif(kernel is None or kernel.bf16_prefill_address is None,
+                                reason="the CPU has no AVX512-BF16: bfloat16 prompt attention stays float32")
 
 
 def reference(q, k_cache, v_cache, tables, lens, scale):
@@ -170,21 +172,21 @@ def test_chunks_of_a_prompt_give_the_rows_of_the_whole_prompt():
     torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
 
 
-def test_prefill_of_a_sequence_is_the_same_alone_or_with_others():
+@pytest.mark.parametrize("products", ["float32", pytest.param("bfloat16", marks=needs_bf16)])
+def test_prefill_of_a_sequence_is_the_same_alone_or_with_others(products):
+    """The second sequence's 70 prompt tokens follow 20 cached ones: its rows, and in bfloat16 its K/V
+    rounded once per call, do not depend on the first sequence."""
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(100, 9, 64, generator=gen)
-    contexts = [tuple(torch.randn(n, 3, 64, generator=gen) for _ in range(2)) for n in (30, 70)]
+    contexts = [tuple(torch.randn(n, 3, 64, generator=gen) for _ in range(2)) for n in (30, 90)]
     k_cache, v_cache, tables = paged(contexts, 3, 64, 16, gen)
     together = torch.empty(100, 9, 64)
-    both = [PrefillSequence(0, 30, 30, 0), PrefillSequence(30, 70, 70, 1)]
-    kernel.prefill(q, together, k_cache, v_cache, tables, both, 0.125)
+    both = [PrefillSequence(0, 30, 30, 0), PrefillSequence(30, 70, 90, 1)]
+    kernel.prefill(q, together, k_cache, v_cache, tables, both, 0.125, bf16=products == "bfloat16")
     alone = torch.empty(70, 9, 64)
-    kernel.prefill(q[30:], alone, k_cache, v_cache, tables[1:], [PrefillSequence(0, 70, 70, 0)], 0.125)
+    kernel.prefill(q[30:], alone, k_cache, v_cache, tables[1:], [PrefillSequence(0, 70, 90, 0)], 0.125,
+                   bf16=products == "bfloat16")
     assert torch.equal(alone, together[30:])
-
-
-needs_bf16 = pytest.mark.skipif(kernel is None or kernel.bf16_prefill_address is None,
-                                reason="the CPU has no AVX512-BF16: bfloat16 prompt attention stays float32")
 
 
 def bf16(x):
@@ -216,20 +218,6 @@ def test_bf16_prefill_is_attention_over_bf16_operands(heads, kv_heads, dim, bloc
         want = causal_reference(bf16(q[rows] * dim**-0.5), bf16(k), bf16(v), 1.0)
         torch.testing.assert_close(out[rows], want, rtol=0, atol=1e-2)
         assert (out[rows] - causal_reference(q[rows], k, v, dim**-0.5)).abs().max() > 1e-5  # it did round
-
-
-@needs_bf16
-def test_bf16_prefill_of_a_sequence_is_the_same_alone_or_with_others():
-    gen = torch.Generator().manual_seed(3)
-    q = torch.randn(100, 9, 64, generator=gen)
-    contexts = [tuple(torch.randn(n, 3, 64, generator=gen) for _ in range(2)) for n in (30, 90)]
-    k_cache, v_cache, tables = paged(contexts, 3, 64, 16, gen)
-    together = torch.empty(100, 9, 64)
-    both = [PrefillSequence(0, 30, 30, 0), PrefillSequence(30, 70, 90, 1)]
-    kernel.prefill(q, together, k_cache, v_cache, tables, both, 0.125, bf16=True)
-    alone = torch.empty(70, 9, 64)
-    kernel.prefill(q[30:], alone, k_cache, v_cache, tables[1:], [PrefillSequence(0, 70, 90, 0)], 0.125, bf16=True)
-    assert torch.equal(alone, together[30:])
 
 
 def test_bf16_prefill_is_refused_where_the_cpu_lacks_it(monkeypatch):
