@@ -12,6 +12,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from tgi_llm.front import triton_io as io
+from tgi_llm.triton.status import ERROR_CODE_PARAMETER, tag_error
 
 
 def _bytes_raw(values: list[str]) -> bytes:
@@ -26,6 +27,7 @@ def _add(resp: service_pb2.ModelInferResponse, name: str, datatype: str, shape: 
 @dataclass
 class FakeTritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     requests: list[service_pb2.ModelInferRequest] = field(default_factory=list)
+    metadata: list[tuple[tuple[str, str], ...]] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     final_alone: bool = False  # send the final flag in an empty response of its own
 
@@ -35,12 +37,16 @@ class FakeTritonServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, request_iterator, context):  # noqa: N802
         request = await request_iterator.__anext__()
         self.requests.append(request)
+        self.metadata.append(tuple(context.invocation_metadata() or ()))
         prompt = request.inputs[0].contents.bytes_contents[0].decode()
         params = request.parameters
         n = params["max_new_tokens"].int64_param if "max_new_tokens" in params else 3
         try:
-            if prompt == "invalid":
-                yield service_pb2.ModelStreamInferResponse(error_message="`top_n_tokens` must be >= 0 and <= 5")
+            if prompt.startswith("invalid"):  # "invalid <code>": the model's error with that code, tagged if asked
+                message, code = "`top_n_tokens` must be >= 0 and <= 5", (prompt.split() + ["INVALID_ARG"])[1]
+                if params[ERROR_CODE_PARAMETER].bool_param:
+                    message = tag_error(message, code)
+                yield service_pb2.ModelStreamInferResponse(error_message=message)
                 return
             for i in range(n):
                 if prompt == "slow" and i == 1:

@@ -54,6 +54,13 @@ class Stack:
     grpc: str
     metrics: str
     front: str
+    launcher_pid: int = 0
+
+    def tritonserver_pid(self) -> int | None:
+        from tgi_llm.procfs import children, cmdline
+
+        pids = [p for p in children(self.launcher_pid) if (cmdline(p) or [""])[0].endswith("/tritonserver")]
+        return pids[0] if pids else None
 
 
 def start_front(stack_grpc: str, metrics: str, model_dir: Path, tmp: Path, *extra: str) -> tuple[subprocess.Popen, str]:
@@ -91,6 +98,7 @@ def launch_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(url + "/health").status_code == 200, launcher, "tgi-llm-launcher", log)
-        yield Stack(f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", url)
+        yield Stack(f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", url,
+                    launcher.pid)
     finally:
         stop(launcher)

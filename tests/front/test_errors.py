@@ -22,9 +22,16 @@ from tgi_llm.front.errors import from_triton
         ("Request for unknown model: 'tgi_llm' is not found", "StatusCode.NOT_FOUND", "unavailable", 503),
         ("Request for unknown model: 'tgi_llm' has no available versions", None, "unavailable", 503),
         ("Stub process 'tgi_llm_0_0' is not healthy.", None, "unavailable", 503),
+        # The model's errors in a stream name their code in a tag (triton/status.py): the code decides.
+        ("[tgi_llm INVALID_ARG] anything at all", None, "validation", 422),
+        ("[request id: 9] [tgi_llm INVALID_ARG] `top_p` must be > 0.0", None, "validation", 422),
+        ("[tgi_llm INTERNAL] the runner failed: shape must be 3", None, "generation", 424),
+        ("[tgi_llm UNAVAILABLE] Model is overloaded", None, "overloaded", 429),
+        ("[tgi_llm UNAVAILABLE] The model is shutting down", None, "unavailable", 503),
+        ("[tgi_llm CANCELLED] Request was cancelled", None, "cancelled", 499),
     ],
 )
 def test_classification(message: str, status: str | None, error_type: str, code: int) -> None:
     err = from_triton(message, status)
     assert (err.error_type, err.status) == (error_type, code)
-    assert not err.message.startswith("[request id")
+    assert not err.message.startswith("[request id") and "[tgi_llm" not in err.message

@@ -81,6 +81,77 @@ def test_validation_errors_name_the_field_in_each_apis_shape(stack: Stack) -> No
     assert info.value.body["message"] == "`top_p` must be > 0.0 and < 1.0" and info.value.param == "top_p"
 
 
+#: Bodies the model refuses (so they travel to it and back as error responses), each with the field named.
+REFUSED = [({"inputs": "hi", "parameters": {"max_new_tokens": 100000}}, "max_new_tokens"),
+           ({"inputs": "hi", "parameters": {"temperature": -1}}, "temperature"),
+           ({"inputs": "hi", "parameters": {"top_n_tokens": 50}}, "top_n_tokens"),
+           ({"inputs": "hi", "parameters": {"grammar": {"type": "regex", "value": "(("}}}, "grammar")]
+
+
+async def _refused_storm(stack: Stack, count: int) -> dict[str, int]:
+    """`count` requests, 16 at a time: through the front (TGI routes) and through the gateway's gRPC with
+    `triton_grpc_error` (the mode whose handling in tritonserver crashed it), one in ten valid."""
+    import asyncio
+
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    outcomes: dict[str, int] = {}
+    gate = asyncio.Semaphore(16)
+
+    def grpc_request(body: dict) -> bytes:
+        request = service_pb2.ModelInferRequest(model_name="tgi_llm")
+        prompt = request.inputs.add(name="text_input", datatype="BYTES", shape=[1])
+        prompt.contents.bytes_contents.append(body["inputs"].encode())
+        for key, value in body["parameters"].items():
+            if isinstance(value, int):
+                request.parameters[key].int64_param = value
+            else:
+                request.parameters[key].string_param = json.dumps(value)
+        return request.SerializeToString()
+
+    async with httpx.AsyncClient(timeout=120) as http, grpc.aio.insecure_channel(stack.grpc) as channel:
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")
+
+        async def one(i: int) -> None:
+            body, field = REFUSED[i % len(REFUSED)]
+            async with gate:
+                if i % 10 == 0:
+                    r = await http.post(stack.front + "/generate",
+                                        json={"inputs": "Hello", "parameters": {"max_new_tokens": 2}})
+                    outcome = f"valid {r.status_code}"
+                elif i % 3 == 0:
+                    call = stream(iter([grpc_request(body)]), metadata=(("triton_grpc_error", "true"),))
+                    try:
+                        outcome = f"grpc {[r async for r in call]}"
+                    except grpc.aio.AioRpcError as exc:
+                        named = f"`{field}`" in (exc.details() or "")
+                        outcome = f"grpc {exc.code().name}" + ("" if named else f" unnamed: {exc.details()}")
+                else:
+                    r = await http.post(stack.front + ("/generate_stream" if i % 2 else "/generate"), json=body)
+                    named = r.status_code == 422 and f"`{field}`" in r.text and "[tgi_llm" not in r.text
+                    outcome = f"front {r.status_code}" + ("" if named else f" {r.text[:200]}")
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+    return outcomes
+
+
+def test_a_storm_of_refused_requests_leaves_tritonserver_up(stack: Stack) -> None:
+    """Each refused request ends in one error naming its field, with TGI's status (front) or gRPC's
+    (gateway), and tritonserver is the same process afterwards: its `triton_grpc_error` handling crashed it
+    (SIGSEGV) within ~1,000 such requests, so neither the front nor the gateway uses it any more."""
+    import asyncio
+
+    before = stack.tritonserver_pid()
+    count = 1500
+    outcomes = asyncio.run(_refused_storm(stack, count))
+    valid = len(range(0, count, 10))
+    by_grpc = len([i for i in range(count) if i % 10 and i % 3 == 0])
+    assert outcomes == {"valid 200": valid, "grpc INVALID_ARGUMENT": by_grpc, "front 422": count - valid - by_grpc}
+    assert stack.tritonserver_pid() == before is not None
+
+
 def test_closing_a_stream_early_frees_its_blocks(stack: Stack, front_tokenizer: Any) -> None:
     story = [{"role": "user", "content": "Write a very long story about a dragon and a knight."}]
     prompt = front_tokenizer.apply_chat_template(story, tokenize=False, add_generation_prompt=True)

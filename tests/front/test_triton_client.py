@@ -63,14 +63,24 @@ def test_collect_non_streaming() -> None:
     assert gen.text == " t0 t1" and gen.generated_tokens == 2 and gen.finish_reason == "length"
 
 
-def test_stream_error_message_becomes_tgi_validation_error() -> None:
+@pytest.mark.parametrize(("code", "error_type", "status"), [("INVALID_ARG", "validation", 422),
+                                                            ("INTERNAL", "generation", 424)])
+def test_the_models_error_code_decides_the_tgi_error(code: str, error_type: str, status: int) -> None:
+    """The model's error arrives in the stream with its code tagged (the stream asked for it with a request
+    parameter, not with `triton_grpc_error`, whose handling crashes tritonserver)."""
+    servicer_seen = []
+
     async def body(client, servicer):
-        return [c async for c in client.stream(GenerateSpec("invalid"), "r")]
+        servicer_seen.append(servicer)
+        return [c async for c in client.stream(GenerateSpec(f"invalid {code}"), "r")]
 
     with pytest.raises(FrontError) as info:
         run(with_fake(body))
-    assert info.value.error_type == "validation" and info.value.status == 422
+    assert (info.value.error_type, info.value.status) == (error_type, status)
     assert info.value.message == "`top_n_tokens` must be >= 0 and <= 5"
+    (servicer,) = servicer_seen
+    assert servicer.requests[0].parameters["tgi_llm_error_code"].bool_param
+    assert not [k for k, _ in servicer.metadata[0] if k == "triton_grpc_error"]
 
 
 def test_closing_the_stream_cancels_the_triton_call() -> None:

@@ -184,9 +184,11 @@ def grpc_inputs(prompt: str, stream: bool = True, **tensors: Any) -> list:
 
 
 def grpc_generate(server: Launched, prompt: str, stream: bool = True, parameters: dict | None = None,
-                  on_response: Callable[[Reply], bool] | None = None, **tensors: Any) -> Reply:
-    """One request on its own gRPC stream (with `triton_grpc_error`, so errors carry their status code).
-    `on_response(reply)` runs after each response; returning True cancels the stream there."""
+                  on_response: Callable[[Reply], bool] | None = None, status_header: bool = True,
+                  **tensors: Any) -> Reply:
+    """One request on its own gRPC stream (with `triton_grpc_error` unless `status_header` is False, so errors
+    carry their status code). `on_response(reply)` runs after each response; returning True cancels the
+    stream there."""
     import tritonclient.grpc as grpcclient
 
     responses: queue.Queue = queue.Queue()
@@ -194,7 +196,7 @@ def grpc_generate(server: Launched, prompt: str, stream: bool = True, parameters
     reply = Reply()
     try:
         client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                            headers={"triton_grpc_error": "true"})
+                            headers={"triton_grpc_error": "true"} if status_header else None)
         client.async_stream_infer(MODEL, grpc_inputs(prompt, stream, **tensors), parameters=parameters)
         while True:
             result, error = responses.get(timeout=RESPONSE_TIMEOUT_S)

@@ -152,6 +152,15 @@ def test_invalid_requests_get_invalid_arg_naming_the_field(server, tensors, para
     assert grpc_generate(server, "Hello", max_tokens=2).finals[-1] is True  # still serving
 
 
+def test_without_the_status_header_the_error_arrives_in_the_stream_as_the_model_worded_it(server):
+    """The gateway asks the model for its errors' codes (a tag in the message) and takes the tag off again."""
+    reply = grpc_generate(server, PROMPT, status_header=False, top_p=1.5)
+    assert reply.error is not None and not reply.texts
+    assert reply.error.message().endswith("`top_p` must be > 0.0 and < 1.0")
+    assert "[tgi_llm" not in reply.error.message()
+    assert grpc_generate(server, "Hello", status_header=False, max_tokens=2).finals[-1] is True
+
+
 def test_over_max_concurrent_requests_is_unavailable_and_overloaded(server):
     before = read_metrics(server)
     # Long enough (1000 tokens) that none can finish while the test runs.

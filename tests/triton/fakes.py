@@ -8,12 +8,15 @@ from typing import Any
 
 import numpy as np
 
+from tgi_llm.triton.status import CodeTaggingSender
+
 
 @dataclass
 class Sent:
     outputs: dict[str, np.ndarray] | None
     error: BaseException | None
     final: bool
+    tagged: bool = False  # sent through a CodeTaggingSender (PbResponses would tag its error's message)
 
     def text(self) -> str:
         return self.outputs["text_output"][0].decode() if self.outputs and "text_output" in self.outputs else ""
@@ -32,21 +35,26 @@ class FakeSender:
     def text(self) -> str:
         return "".join(r.text() for r in self.responses)
 
+    def is_cancelled(self) -> bool:
+        return self.cancelled
+
 
 class FakeApi:
     def __init__(self) -> None:
         self.cancel_checks = 0
 
-    def send(self, sender: FakeSender, outputs, error, final: bool) -> None:
+    def send(self, sender: FakeSender | CodeTaggingSender, outputs, error, final: bool) -> None:
+        tagged = isinstance(sender, CodeTaggingSender)
+        sender = sender.sender if tagged else sender
         if sender.finals:
             raise AssertionError("a response was sent after the final one")
-        sender.responses.append(Sent(outputs, error, final))
+        sender.responses.append(Sent(outputs, error, final, tagged))
         if final:
             sender.done.set()
 
-    def is_cancelled(self, sender: FakeSender) -> bool:
+    def is_cancelled(self, sender: FakeSender | CodeTaggingSender) -> bool:
         self.cancel_checks += 1
-        return sender.cancelled
+        return sender.is_cancelled()
 
 
 class FakeMetric:

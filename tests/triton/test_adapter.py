@@ -137,6 +137,17 @@ def test_invalid_request_gets_invalid_arg_and_never_reaches_the_engine(make, par
     assert h.families.value("tgi_request_failure", err="validation") == 1
 
 
+def test_a_request_that_asks_for_error_codes_gets_them_on_every_response(make):
+    h = make()
+    refused, served, plain = h.run(request("Hello", top_p=1.5, tgi_llm_error_code=True),
+                                   request("Hello", stream=True, max_new_tokens=2, tgi_llm_error_code=True),
+                                   request("Hello", top_p=1.5))
+    assert [s.tagged for s in refused.sender.responses] == [True]
+    assert [s.tagged for s in served.sender.responses] == [True, True]
+    assert [s.tagged for s in plain.sender.responses] == [False]
+    assert served.sender.responses[-1].error is None and served.sender.text() != ""
+
+
 def test_empty_prompt_is_invalid(make):
     (r,) = make().run(request(""))
     assert "`inputs` cannot be empty" in str(r.sender.responses[0].error)

@@ -52,7 +52,7 @@ def test_float32_values_keep_the_decimal_that_was_sent():
 
 def test_request_parameters_carry_tgi_names_and_tensors_win():
     params = json.dumps({"max_new_tokens": 5, "repetition_penalty": 1.2, "max_tokens": 9, "priority": 1,
-                         "triton_enable_empty_final_response": True})
+                         "triton_enable_empty_final_response": True, "tgi_llm_error_code": True})
     parsed = parse_request(tensors(text_input=text("x"), max_tokens=np.array([3], dtype=np.int32)), params)
     assert parsed.params == {"max_new_tokens": 3, "repetition_penalty": 1.2}
 

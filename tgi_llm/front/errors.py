@@ -7,6 +7,8 @@ import re
 
 from fastapi.responses import JSONResponse
 
+from tgi_llm.triton.status import GRPC_STATUS, split_error_tag
+
 #: TGI router's status per error_type (server.rs `impl From<InferError> for (StatusCode, Json<ErrorResponse>)`).
 STATUS = {
     "validation": 422,
@@ -81,12 +83,13 @@ _OVERLOADED = "Model is overloaded"
 def from_triton(message: str, grpc_status: str | None = None) -> FrontError:
     """Classify an error Triton returned.
 
-    A unary call carries the gRPC status (INVALID_ARGUMENT = validation, UNAVAILABLE = overloaded); a
-    streaming response carries only the message, so the message decides there: the model words
-    overload as TGI does, and prefixes nothing else, so the status code or TGI's wording is all we have.
+    A unary call carries the gRPC status (INVALID_ARGUMENT = validation, UNAVAILABLE = overloaded); the
+    model's errors inside a stream carry their code as a tag in the message (triton/status.py); errors
+    tritonserver itself sends in a stream carry only the message, so its wording decides there.
     """
+    code, message = split_error_tag(message.strip())
     message = _strip_triton_prefix(message)
-    status = (grpc_status or "").upper()
+    status = (grpc_status or GRPC_STATUS.get(code or "", "")).upper()
     if _OVERLOADED.lower() in message.lower() or status.endswith("RESOURCE_EXHAUSTED"):
         return FrontError(_OVERLOADED, "overloaded")
     if status.endswith("UNAVAILABLE"):  # Triton unreachable, or the model shutting down
@@ -94,7 +97,7 @@ def from_triton(message: str, grpc_status: str | None = None) -> FrontError:
     if status.endswith("NOT_FOUND") or _model_gone(message):  # not loaded (yet, or any more): TGI's 503
         return FrontError(f"The model is not available: {message}" if message else "The model is not available",
                           "unavailable")
-    if status.endswith("INVALID_ARGUMENT") or _looks_like_validation(message):
+    if status.endswith("INVALID_ARGUMENT") or (code is None and _looks_like_validation(message)):
         return FrontError(message, "validation")
     if status.endswith("CANCELLED"):
         return FrontError(message or "Request was cancelled", "cancelled")

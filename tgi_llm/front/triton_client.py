@@ -3,7 +3,8 @@
 Built on tritonclient's generated gRPC stub (over grpc.aio) rather than InferenceServerClient.stream_infer,
 because the stream must ask for Triton's empty final response (`triton_enable_empty_final_response`, a
 reserved parameter the aio helper refuses; without it a model that sends its final flag alone would leave
-the stream open forever), and sends the `triton_grpc_error` header so errors carry their gRPC status.
+the stream open forever). Errors arrive inside the stream, their code tagged in the message (not with the
+`triton_grpc_error` header, whose handling crashes tritonserver: triton/status.py).
 Cancelling the call is how Triton learns the client went away: the model sees the request cancelled and
 frees its KV blocks.
 """
@@ -60,9 +61,7 @@ class TritonGrpcClient:
             yield request
             await finished.wait()  # half-closing early would end the stream before the last response
 
-        # triton_grpc_error: errors end the stream with their gRPC status (INVALID_ARGUMENT, UNAVAILABLE), not
-        # only a message, so they map onto TGI's 422 / 429 without guessing from the wording.
-        call = self._service().ModelStreamInfer(requests(), metadata=(("triton_grpc_error", "true"), *self._auth))
+        call = self._service().ModelStreamInfer(requests(), metadata=self._auth)
         done = False
         pending: Chunk | None = None  # a last response whose final flag is still to come
         try:

@@ -36,6 +36,7 @@ from tgi_llm.triton.outputs import (  # the names the model's responses use
     TOP_LOGPROBS,
     TOP_TEXTS,
 )
+from tgi_llm.triton.status import ERROR_CODE_PARAMETER
 
 
 def _bytes_tensor(name: str, values: list[str]) -> service_pb2.ModelInferRequest.InferInputTensor:
@@ -85,6 +86,7 @@ def encode_request(model_name: str, spec: GenerateSpec, request_id: str) -> serv
         params["seed"] = seed  # negative: the model rejects it with TGI's message
     for key, value in params.items():
         _set_parameter(request.parameters[key], key, value)
+    request.parameters[ERROR_CODE_PARAMETER].bool_param = True  # errors name their code (triton/status.py)
     return request
 
 

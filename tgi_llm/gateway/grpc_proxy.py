@@ -7,7 +7,9 @@ admin methods (model repository, shared memory, trace, logging) answer PERMISSIO
 every method but health wants `authorization: Bearer <key>` (api_key.py), which is also handed to Triton
 as the header its restricted-API check reads. Errors get
 the codes clients expect (statuses.py), in-stream errors a status when the client asked for one with
-`triton_grpc_error: true`.
+`triton_grpc_error: true`. That header is not passed on: tritonserver's handling of it crashes the server
+(triton/status.py). The gateway asks the model for each error's code with a request parameter instead, and
+gives the client the status (or, without the header, the error message untagged) itself.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from tritonclient.grpc import service_pb2
 
 from tgi_llm.gateway.api_key import UNAUTHORIZED, ApiKey
 from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse
-from tgi_llm.gateway.statuses import grpc_error, in_stream_error
+from tgi_llm.gateway.statuses import grpc_error, in_stream_error, model_error
+from tgi_llm.triton.status import ERROR_CODE_PARAMETER, split_error_tag
 
 logger = logging.getLogger("tgi_llm.gateway")
 
@@ -43,9 +46,14 @@ DRAIN_S = 5.0
 
 #: Triton's restricted-API check on gRPC reads `triton-grpc-protocol-<header>`.
 _TRITON_AUTH = "triton-grpc-protocol-authorization"
-_DROPPED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout"}
+_DROPPED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout",
+            "triton_grpc_error"}
+_STATUS_HEADER = "triton_grpc_error"
 #: ModelStreamInferResponse serializes `string error_message = 1` first: this tag byte means an error.
 _ERROR_TAG = b"\x0a"
+#: Appended to a request's bytes, this sets one more request parameter (protobuf merges a repeated message).
+_ASK_ERROR_CODE = service_pb2.ModelInferRequest(
+    parameters={ERROR_CODE_PARAMETER: service_pb2.InferParameter(bool_param=True)}).SerializeToString()
 
 
 def upstream_metadata(metadata: Any) -> tuple[tuple[str, str], ...]:
@@ -129,19 +137,20 @@ class GrpcGateway(grpc.GenericRpcHandler):
 
         return forward
 
-    def _refusal(self, raw: bytes) -> tuple[str, str] | None:
-        """(message, request id) if `raw` is a request for our model that tritonserver would refuse."""
+    def _admit(self, raw: bytes) -> tuple[bytes, None] | tuple[None, tuple[str, str]]:
+        """(the bytes for tritonserver, None), or (None, (message, request id)) for a request for our model
+        that tritonserver would refuse. Requests for our model ask for their errors' codes."""
         try:
             request = parse(raw)
         except BadRequest as exc:
-            return str(exc), ""
+            return None, (str(exc), "")
         if request.model_name != self.model:
-            return None
+            return raw, None
         try:
             check_request(request)
         except BadRequest as exc:
-            return str(exc), request.id
-        return None
+            return None, (str(exc), request.id)
+        return raw + _ASK_ERROR_CODE, None
 
     async def _infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
@@ -155,8 +164,9 @@ class GrpcGateway(grpc.GenericRpcHandler):
     async def _stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         """Client requests go to tritonserver through a queue, those it would refuse are answered here;
         its responses and those answers reach the client through another."""
+        wants_status = any(k.lower() == _STATUS_HEADER and v.lower() == "true"
+                           for k, v in context.invocation_metadata() or ())
         metadata = upstream_metadata(context.invocation_metadata())
-        wants_status = any(k == "triton_grpc_error" and v.lower() == "true" for k, v in metadata)
         to_triton: asyncio.Queue[bytes | None] = asyncio.Queue()
         to_client: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 
@@ -167,9 +177,9 @@ class GrpcGateway(grpc.GenericRpcHandler):
         async def read_client() -> None:
             try:
                 async for raw in requests:
-                    refusal = self._refusal(raw)
-                    if refusal is None:
-                        to_triton.put_nowait(raw)
+                    forward, refusal = self._admit(raw)
+                    if forward is not None:
+                        to_triton.put_nowait(forward)
                     else:
                         to_client.put_nowait(("refused", *refusal))
                         if wants_status:
@@ -193,14 +203,20 @@ class GrpcGateway(grpc.GenericRpcHandler):
                 item = await to_client.get()
                 if item[0] == "response":
                     response = item[1]
-                    if wants_status and response[:1] == _ERROR_TAG:
-                        message = service_pb2.ModelStreamInferResponse.FromString(response).error_message
-                        # End tritonserver's side gracefully first: cancelling a stream that holds a request it
-                        # refused leaks the model (infer_request.py).
-                        client_task.cancel()
-                        with contextlib.suppress(asyncio.TimeoutError):
-                            await asyncio.wait_for(triton_task, DRAIN_S)
-                        await context.abort(*in_stream_error(message, self.model))
+                    if response[:1] == _ERROR_TAG:
+                        error = service_pb2.ModelStreamInferResponse.FromString(response)
+                        code, message = split_error_tag(error.error_message)
+                        if wants_status:
+                            # End tritonserver's side gracefully first: cancelling a stream that holds a request
+                            # it refused leaks the model (infer_request.py).
+                            client_task.cancel()
+                            with contextlib.suppress(asyncio.TimeoutError):
+                                await asyncio.wait_for(triton_task, DRAIN_S)
+                            await context.abort(*(in_stream_error(message, self.model) if code is None
+                                                  else model_error(code, message, self.model)))
+                        if code is not None:
+                            error.error_message = message
+                            response = error.SerializeToString()
                     yield response
                 elif item[0] == "refused":
                     if wants_status:

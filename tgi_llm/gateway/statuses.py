@@ -11,6 +11,7 @@ from __future__ import annotations
 import grpc
 
 from tgi_llm.gateway.api_key import UNAUTHORIZED
+from tgi_llm.triton.status import GRPC_STATUS
 
 OVERLOADED = "Model is overloaded"
 SHUTTING_DOWN = "The model is shutting down"
@@ -58,3 +59,10 @@ def in_stream_error(message: str, model: str) -> tuple[grpc.StatusCode, str]:
         return grpc.StatusCode.UNAVAILABLE, message
     code, message = grpc_error(grpc.StatusCode.INVALID_ARGUMENT, message, model)
     return code, message
+
+
+def model_error(code: str, message: str, model: str) -> tuple[grpc.StatusCode, str]:
+    """The status for an error the model sent with its code (a pb_utils.TritonError name) in its tag: the
+    one tritonserver gives such an error in `triton_grpc_error` mode, rewritten as `grpc_error` does."""
+    status = getattr(grpc.StatusCode, GRPC_STATUS.get(code, "INTERNAL"), grpc.StatusCode.INTERNAL)
+    return grpc_error(status, message, model)

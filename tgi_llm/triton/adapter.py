@@ -18,6 +18,7 @@ from tgi_llm.errors import GenerationError, TgiError, ValidationError
 from tgi_llm.triton.admission import AdmissionPool
 from tgi_llm.triton.inputs import ParsedRequest, parse_request
 from tgi_llm.triton.responder import Live, Responder
+from tgi_llm.triton.status import CodeTaggingSender, wants_error_code
 
 logger = logging.getLogger(__name__)
 
@@ -54,8 +55,11 @@ class TritonAdapter:
         """On Triton's execute thread: only read the tensors (cheap, bounded); the rest runs on a worker."""
         received_at = time.monotonic()
         sender = io.sender(request)
+        parameters = io.parameters(request)
+        if wants_error_code(parameters):
+            sender = CodeTaggingSender(sender)
         try:
-            parsed = parse_request(lambda name: io.tensor(request, name), io.parameters(request),
+            parsed = parse_request(lambda name: io.tensor(request, name), parameters,
                                    max_stop_sequences=self._max_stop_sequences)
         except ValidationError as exc:
             self.responder.reject(sender, exc)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from tgi_llm.errors import ValidationError
+from tgi_llm.triton.status import ERROR_CODE_PARAMETER
 
 #: Scalar input tensors and the TGI parameter each one sets (config.pbtxt declares the same names).
 SCALAR_INPUTS: dict[str, str] = {
@@ -44,8 +45,8 @@ PARAMETER_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens
 #: Inputs tools send that change nothing here (num_input_tokens / num_output_tokens always come back).
 ACCEPTED_INPUTS = ("return_num_input_tokens", "return_num_output_tokens")
 
-#: Request parameters Triton itself may attach; never TGI parameters.
-_TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout"}
+#: Request parameters Triton itself may attach, and ours for the transport; never TGI parameters.
+_TRITON_PARAMETERS = {"sequence_id", "sequence_start", "sequence_end", "priority", "timeout", ERROR_CODE_PARAMETER}
 
 
 @dataclass(frozen=True)

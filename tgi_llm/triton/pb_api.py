@@ -11,7 +11,7 @@ import numpy as np
 
 from tgi_llm.triton.metrics import FamilyFactory
 from tgi_llm.triton.outputs import Outputs
-from tgi_llm.triton.status import triton_code
+from tgi_llm.triton.status import CodeTaggingSender, tag_error, triton_code
 
 
 class PbResponses:
@@ -21,8 +21,12 @@ class PbResponses:
     def send(self, sender: Any, outputs: Outputs | None, error: BaseException | None, final: bool) -> None:
         pb = self.pb
         if error is not None:
-            code = getattr(pb.TritonError, triton_code(error), pb.TritonError.INTERNAL)
-            response = pb.InferenceResponse(error=pb.TritonError(str(error) or type(error).__name__, code))
+            name = triton_code(error)
+            message = str(error) or type(error).__name__
+            if isinstance(sender, CodeTaggingSender):
+                message = tag_error(message, name)
+            code = getattr(pb.TritonError, name, pb.TritonError.INTERNAL)
+            response = pb.InferenceResponse(error=pb.TritonError(message, code))
         else:
             tensors = [pb.Tensor(name, array) for name, array in (outputs or {}).items()]
             response = pb.InferenceResponse(output_tensors=tensors)
