@@ -94,6 +94,34 @@ def test_model_processes_are_the_stubs_running_the_model():
         server.wait()
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (a reaper may be slow, or absent in a container)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_kill_after_tritonserver_died_ends_what_it_left_running(tmp_path):
+    """A crashed tritonserver leaves its stubs running in its session; kill() ends them."""
+    pid_file = tmp_path / "stub.pid"
+    left = ("import subprocess, sys; "
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            f"open({str(pid_file)!r}, 'w').write(str(p.pid))")
+    server = ServerProcess([sys.executable, "-c", left], env={})
+    server.start()
+    server.wait()  # the leader is gone, its child lives on in the group
+    stub = int(pid_file.read_text())
+    assert _running(stub)  # else the test would be void
+    server.kill()
+    for _ in range(200):  # hang guard while the kill lands
+        if not _running(stub):
+            break
+        time.sleep(0.05)
+    assert not _running(stub)
+
+
 def test_the_models_finalize_line_is_recognised_plain_and_json():
     # The stub exits right after this line, before tritonserver logs the unload: the launcher must not
     # take that exit for a crash.

@@ -164,14 +164,16 @@ class ServerProcess:
     def kill(self) -> None:
         """SIGKILL tritonserver and everything in its session (the stubs, their shard ranks): for a server
         whose model process died, where in-flight requests can never finish and a graceful stop would
-        wait them out for --graceful-termination-timeout."""
-        if self.process is None or self.process.poll() is not None:
+        wait them out for --graceful-termination-timeout. Also once tritonserver itself has died: a crash
+        (SIGSEGV) leaves its stubs running, reparented to init, each holding a model's memory."""
+        if self.process is None:
             return
         self.stop_requested = True
         try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except OSError:
-            self.process.kill()
+            os.killpg(self.process.pid, signal.SIGKILL)  # the group outlives its leader while members remain
+        except OSError:  # no one left in the group
+            if self.process.poll() is None:
+                self.process.kill()
 
     def request_stop(self) -> None:
         """A stop signal: the first stops tritonserver gracefully, a second one kills it."""
