@@ -405,6 +405,29 @@ def test_paced_steps_take_fewer_prompt_tokens_while_streams_decode_but_always_a_
     free_all(s)
 
 
+def test_paced_chunks_deep_in_a_prompt_take_fewer_tokens_for_the_same_time():
+    s = chunked(max_batch_prefill_tokens=512, prefill_step_target_ms=100, max_input_tokens=1300,
+                max_total_tokens=1400, max_batch_total_tokens=4096)
+    s.pacer.context_weight = 1e-3  # a token at context 1,000 costs two at context 0
+    s.pacer.seconds_per_token = 0.001  # 100 tokens at context 0 fit 100 ms
+    a = make_seq(10, 50)
+    s.add(a)
+    run(s, s.schedule())  # a decodes from now on
+    long = make_seq(1200, 4)
+    s.add(long)
+    sizes = []
+    for _ in range(100):  # hang guard
+        if long.num_computed >= long.input_length:
+            break
+        plan = s.schedule()
+        sizes.append(plan.seqs[-1].num_tokens)
+        run(s, plan)
+    assert sum(sizes) == 1200
+    assert sizes[0] == 95 and sizes[-2] < 60  # 100 units at context 0 (95 tokens and their own context), ~50 deep
+    assert all(later <= earlier for earlier, later in zip(sizes[:-2], sizes[1:-1], strict=True))  # ever fewer
+    free_all(s)
+
+
 def test_twin_prompts_wait_for_the_first_prefill_then_find_it_cached():
     s = chunked(max_batch_prefill_tokens=64)
     prompt = list(range(700, 800))  # 100 tokens: two 64-token steps

@@ -66,7 +66,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
 
     from tgi_llm.attention import preferred_block_size
     from tgi_llm.kv_cache import allocate_kv_cache
-    from tgi_llm.models.config import kv_cache_bytes_per_token
+    from tgi_llm.models.config import attention_cost_per_context_token, kv_cache_bytes_per_token
     from tgi_llm.models.llama import load_model
     from tgi_llm.quant.modes import parse_quantize
     from tgi_llm.runner.model_runner import ModelRunner
@@ -115,6 +115,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
         runner.warm_up()
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
+    engine.scheduler.pacer.context_weight = attention_cost_per_context_token(config)
     from tgi_llm.memory import account, libc_trim
 
     # Loading freed what it made on the way (float copies a quantized model was made from, a GGUF's

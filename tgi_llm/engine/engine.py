@@ -197,7 +197,8 @@ class Engine:
                 self._end(seq, self.postprocessor.final_event(seq))
         t3 = time.perf_counter()
         decodes = sum(1 for s in plan.seqs if s.is_decode)
-        self.scheduler.pacer.observe(plan.num_tokens, decodes, t3 - t0)
+        chunks = [(s.start, s.num_tokens) for s in plan.seqs if not s.is_decode]
+        self.scheduler.pacer.observe(plan.num_tokens, decodes, t3 - t0, chunks)
         self._update_batch_gauges()
         self._record(plan, decodes, t1 - t0, t3 - t2, t2 - t1)
 

@@ -18,10 +18,20 @@ falls only gradually: a long prompt's chunks attend over an ever longer context,
 token than the last, and an average that lags behind overshoots the target on every step (measured: 1,500
 tokens under 8 decodes, steps up to 480 ms at a 400 ms target). A small chunk (the tail of a prompt) moves
 the average only gradually either way: fixed costs weigh more in it.
+
+Where a chunk sits in its prompt matters too: each of its tokens attends to every token before it, so the
+chunks of a long prompt cost more per token the later they come (SmolLM2, 1,500 tokens: 1.2 ms per token
+at first, 1.75 at the end). With `context_weight` (the attention's cost per token of context over a
+token's linears, from the model's shape) costs are counted in work units, a token at context c being
+1 + context_weight * c units, and the budget is work: a step sized at the end of a long prompt no longer
+makes the next prompt's first steps small (they were 160 tokens where 230 fit), and a chunk far into a
+prompt (or after a long cached prefix) is sized for what it really costs.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Steps with fewer prompt tokens say little about the cost per token (fixed costs dominate).
@@ -30,20 +40,63 @@ MIN_SAMPLE_TOKENS = 32
 SMOOTHING = 0.3
 
 
+def chunk_work(context: int, tokens: int, weight: float) -> float:
+    """A prompt chunk's cost in work units: its tokens, each also attending to the `context` before the
+    chunk and to half the chunk itself on average."""
+    return tokens * (1.0 + weight * (context + tokens / 2))
+
+
+def tokens_within(work: float, context: int, weight: float) -> int:
+    """The most tokens a chunk starting at `context` may take for `work` units (chunk_work inverted)."""
+    if work <= 0:
+        return 0
+    if weight <= 0:
+        return int(work)
+    linear = 1.0 + weight * context  # work = linear * n + weight / 2 * n^2
+    return int((math.sqrt(linear * linear + 2.0 * weight * work) - linear) / weight + 1e-9)
+
+
+@dataclass
+class StepBudget:
+    """What one step may still give prompt chunks: tokens (the step's cap) and, while streams decode, work."""
+
+    tokens: int
+    work: float | None = None  # None: not paced
+    context_weight: float = 0.0
+    floor: int = 0  # tokens given whatever they cost: prompts always move
+
+    def take(self, context: int, pending: int) -> int:
+        """Tokens for a chunk of `pending` starting at `context`, taken from the budget."""
+        n = min(pending, self.tokens)
+        if self.work is not None:
+            n = min(n, max(tokens_within(self.work, context, self.context_weight), self.floor))
+            self.work -= chunk_work(context, n, self.context_weight)
+        self.floor = max(self.floor - n, 0)
+        self.tokens -= n
+        return n
+
+    @property
+    def exhausted(self) -> bool:
+        return self.tokens <= 0 or (self.floor == 0 and self.work is not None and self.work < 1.0)
+
+
 @dataclass
 class StepPacer:
     target_s: float | None  # None: no pacing
     min_tokens: int = 16
+    #: Attention's cost per token of context, in units of a token's linears (0: every token alike).
+    context_weight: float = 0.0
     #: What a step without prompt tokens took lately (its decodes, sampling, streaming).
     decode_step_s: float = 0.0
-    #: What each prompt token adds to a step.
+    #: What each work unit of prompt (a token at context 0) adds to a step.
     seconds_per_token: float | None = None
-    #: The last prompt budget given while streams decoded: a step near it is a full-sized sample.
-    last_budget: int = 0
+    #: The last prompt budget (work units) given while streams decoded: a step near it is a full-sized sample.
+    last_budget: float = 0
 
-    def observe(self, num_tokens: int, num_decodes: int, step_s: float) -> None:
+    def observe(self, num_tokens: int, num_decodes: int, step_s: float,
+                chunks: Sequence[tuple[int, int]] = ()) -> None:
         """A finished step: `num_tokens` fed, `num_decodes` of them decodes, `step_s` seconds from scheduling
-        it to its tokens sent."""
+        it to its tokens sent; `chunks` are its prompt chunks as (context, tokens)."""
         if self.target_s is None or step_s <= 0:
             return
         prompt = num_tokens - num_decodes
@@ -53,19 +106,27 @@ class StepPacer:
             return
         if prompt < MIN_SAMPLE_TOKENS:
             return
+        work = sum(chunk_work(c, n, self.context_weight) for c, n in chunks) if chunks else float(prompt)
         base = self.decode_step_s if num_decodes else 0.0
-        sample = max(step_s - base, step_s / 2) / prompt  # a decode base measured high cannot zero the cost
+        sample = max(step_s - base, step_s / 2) / work  # a decode base measured high cannot zero the cost
         prev = self.seconds_per_token
-        full_sized = prompt >= self.last_budget // 2
+        full_sized = work >= self.last_budget / 2
         if prev is None or (sample > prev and full_sized):
             self.seconds_per_token = sample
         else:
             self.seconds_per_token = prev + SMOOTHING * (sample - prev)
 
     def prompt_budget(self, cap: int, decoding: bool) -> int:
-        """Prompt tokens the next step may feed, `cap` at most (what remains of the step's token cap)."""
+        """Prompt tokens at context 0 the next step may feed, `cap` at most (what remains of the step's
+        token cap)."""
+        budget = self.step_budget(cap, decoding)
+        return budget.tokens if budget.work is None else max(min(cap, int(budget.work)), budget.floor)
+
+    def step_budget(self, cap: int, decoding: bool) -> StepBudget:
+        """What the next step may give prompt chunks: `cap` tokens (what remains of the step's token cap),
+        and while streams decode the work that fits the target, at least a block of tokens."""
         if not decoding or self.target_s is None or self.seconds_per_token is None:
-            return cap
+            return StepBudget(cap)
         room = max(self.target_s - self.decode_step_s, 0.0)
-        self.last_budget = max(min(cap, int(room / self.seconds_per_token)), min(self.min_tokens, cap))
-        return self.last_budget
+        self.last_budget = room / self.seconds_per_token
+        return StepBudget(cap, self.last_budget, self.context_weight, floor=min(self.min_tokens, cap))

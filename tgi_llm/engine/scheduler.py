@@ -69,20 +69,20 @@ class Scheduler:
         prefills = [s for s in self.running.values() if s.num_computed < s.input_length]
         entries = [self._entry(s, 1) for s in decodes]
         # Prompts always move by at least a block, however many streams decode.
-        budget = max(self.pacer.prompt_budget(lim.max_batch_prefill_tokens - len(entries), bool(decodes)),
-                     min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
+        budget = self.pacer.step_budget(lim.max_batch_prefill_tokens - len(entries), bool(decodes))
+        budget.floor = max(budget.floor, min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
+        budget.tokens = max(budget.tokens, budget.floor)
         for seq in prefills:
-            if budget <= 0:
+            if budget.exhausted:
                 break
-            n = min(seq.num_pending, budget)
-            entries.append(self._entry(seq, n))
-            budget -= n
+            if n := budget.take(seq.num_computed, seq.num_pending):
+                entries.append(self._entry(seq, n))
         # A prompt another running request is still prefilling waits for it, then finds it all cached: n
         # choices and best_of sequences (sent at once) compute their shared prompt once.
         worth = 2 * lim.block_size  # a shorter prefill is not worth waiting for
         twins = {s.prompt_key for s in prefills if s.num_pending > worth} if self.kv.enable_prefix_caching else set()
         deferred: list[Sequence] = []
-        while self.waiting and budget > 0:
+        while self.waiting and not budget.exhausted:
             if lim.max_batch_size is not None and len(self.running) >= lim.max_batch_size:
                 break
             seq = self.waiting[0]
@@ -94,9 +94,8 @@ class Scheduler:
                 break
             if self.kv.enable_prefix_caching and seq.num_pending > worth:
                 twins.add(seq.prompt_key)
-            n = min(seq.num_pending, budget)
-            entries.append(self._entry(seq, n))
-            budget -= n
+            if n := budget.take(seq.num_computed, seq.num_pending):  # 0: admitted, its chunk comes next step
+                entries.append(self._entry(seq, n))
         self.waiting.extendleft(reversed(deferred))  # in their order, at the front
         return entries
 

@@ -105,3 +105,13 @@ def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
     """K and V, every layer, every KV head: what one cached token costs."""
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
+
+
+def attention_cost_per_context_token(config: ModelConfig) -> float:
+    """What attending to one more token of context costs a token, as a fraction of its linears: q.k and p.v
+    take 4 * heads * head_dim FLOPs per context token per layer; the layer's linears take 2 per weight. A
+    prompt chunk's tokens late in a long prompt cost ~1.5x its first ones (SmolLM2, 1,500 tokens)."""
+    h, d = config.hidden_size, config.head_dim
+    per_layer = (h * config.num_attention_heads * d * 2 + h * config.num_key_value_heads * d * 2
+                 + 3 * h * config.intermediate_size)
+    return 4 * config.num_attention_heads * d / (2 * per_layer)
