@@ -116,12 +116,6 @@ class StepPacer:
         else:
             self.seconds_per_token = prev + SMOOTHING * (sample - prev)
 
-    def prompt_budget(self, cap: int, decoding: bool) -> int:
-        """Prompt tokens at context 0 the next step may feed, `cap` at most (what remains of the step's
-        token cap)."""
-        budget = self.step_budget(cap, decoding)
-        return budget.tokens if budget.work is None else max(min(cap, int(budget.work)), budget.floor)
-
     def step_budget(self, cap: int, decoding: bool) -> StepBudget:
         """What the next step may give prompt chunks: `cap` tokens (what remains of the step's token cap),
         and while streams decode the work that fits the target, at least a block of tokens."""

@@ -46,9 +46,10 @@ DRAIN_S = 5.0
 
 #: Triton's restricted-API check on gRPC reads `triton-grpc-protocol-<header>`.
 _TRITON_AUTH = "triton-grpc-protocol-authorization"
-_DROPPED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout",
-            "triton_grpc_error"}
+#: The client's ask for statuses on stream errors: answered here, never passed on (see above).
 _STATUS_HEADER = "triton_grpc_error"
+_DROPPED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout",
+            _STATUS_HEADER}
 #: ModelStreamInferResponse serializes `string error_message = 1` first: this tag byte means an error.
 _ERROR_TAG = b"\x0a"
 #: Appended to a request's bytes, this sets one more request parameter (protobuf merges a repeated message).
