@@ -11,7 +11,7 @@ from tgi_llm.engine.pacing import StepBudget, StepPacer, chunk_work, tokens_with
 
 def budget(pacer: StepPacer, cap: int = 512, decoding: bool = True, context: int = 0) -> int:
     """Tokens the next step would give one prompt chunk starting at `context`."""
-    return pacer.step_budget(cap, decoding).take(context, cap)
+    return pacer.step_budget(cap, decoding, floor=min(pacer.min_tokens, cap)).take(context, cap)
 
 
 def test_no_target_or_no_decodes_or_no_measurement_gives_the_whole_cap():

@@ -116,11 +116,11 @@ class StepPacer:
         else:
             self.seconds_per_token = prev + SMOOTHING * (sample - prev)
 
-    def step_budget(self, cap: int, decoding: bool) -> StepBudget:
+    def step_budget(self, cap: int, decoding: bool, floor: int) -> StepBudget:
         """What the next step may give prompt chunks: `cap` tokens (what remains of the step's token cap),
-        and while streams decode the work that fits the target, at least a block of tokens."""
+        and while streams decode the work that fits the target; `floor` tokens whatever they cost."""
         if not decoding or self.target_s is None or self.seconds_per_token is None:
-            return StepBudget(cap)
+            return StepBudget(max(cap, floor), floor=floor)
         room = max(self.target_s - self.decode_step_s, 0.0)
         self.last_budget = room / self.seconds_per_token
-        return StepBudget(cap, self.last_budget, self.context_weight, floor=min(self.min_tokens, cap))
+        return StepBudget(max(cap, floor), self.last_budget, self.context_weight, floor)

@@ -69,9 +69,8 @@ class Scheduler:
         prefills = [s for s in self.running.values() if s.num_computed < s.input_length]
         entries = [self._entry(s, 1) for s in decodes]
         # Prompts always move by at least a block, however many streams decode.
-        budget = self.pacer.step_budget(lim.max_batch_prefill_tokens - len(entries), bool(decodes))
-        budget.floor = max(budget.floor, min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
-        budget.tokens = max(budget.tokens, budget.floor)
+        budget = self.pacer.step_budget(lim.max_batch_prefill_tokens - len(entries), bool(decodes),
+                                        floor=min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
         for seq in prefills:
             if budget.exhausted:
                 break
