@@ -12,12 +12,16 @@ from tgi_llm.bench.workload import BenchRequest
 
 
 class FakeClient:
-    """Streams `output_len` tokens per request from a timer thread; `hang` requests never end."""
+    """Streams `output_len` tokens per request from a timer thread; `hang` requests never end. With
+    `hold_until`, streams wait (up to 10 s) until that many are in flight, so a slow host cannot finish
+    the first requests before the driver has started the rest."""
 
     name = "fake"
 
-    def __init__(self, token_gap_s: float = 0.002, hang: set[int] | None = None) -> None:
+    def __init__(self, token_gap_s: float = 0.002, hang: set[int] | None = None,
+                 hold_until: int | None = None) -> None:
         self.gap, self.hang = token_gap_s, hang or set()
+        self.hold_until, self.full = hold_until, threading.Event()
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = 0
         self.sent_at: list[float] = []
@@ -33,10 +37,14 @@ class FakeClient:
         with self.lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if self.in_flight == self.hold_until:
+                self.full.set()
         if request.index in self.hang:
             return
 
         def stream() -> None:
+            if self.hold_until is not None:
+                self.full.wait(10.0)
             for _ in range(request.output_len):
                 time.sleep(self.gap)
                 record.token_times.append(time.perf_counter())
@@ -58,7 +66,7 @@ def requests(n: int, output_len: int = 3) -> list[BenchRequest]:
 
 @pytest.mark.parametrize("concurrency", [1, 3, 8])
 def test_keeps_at_most_concurrency_in_flight_and_runs_every_request(concurrency):
-    client = FakeClient()
+    client = FakeClient(hold_until=concurrency)
     records, wall = run_load(client, requests(12), LoadSpec(concurrency), progress=False)
     assert [r.index for r in records] == list(range(12))
     assert all(r.ok and r.output_tokens == 3 for r in records)
