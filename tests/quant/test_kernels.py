@@ -170,6 +170,38 @@ def test_bfloat16_panels_round_trip():
     assert torch.equal(bf16_panel_rows(panels, ids, 16), w[ids].bfloat16().float())
 
 
+def rows_past_l2_blocks(layout: str, w: torch.Tensor):
+    """The kernel call for `layout` and the weight it holds (alive while its raw pointers are used)."""
+    if layout == "q4 panel":
+        qw = quantize_int4(w, 32).with_order("panel", LANES)
+        return (lambda x: kernel.gemm(x, qw)), qw.dequantize()
+    if layout == "q8 panel":
+        qw = quantize_int8(w, 16).with_order("panel", Q8_LANES)
+        return (lambda x: kernel.gemm(x, qw)), qw.dequantize()
+    held = to_bf16_panels(w, Q8_LANES) if layout == "bfloat16 panel" else to_panels(w, Q8_LANES)
+    desc = kernels_mod.dense_desc(held, panel=True)
+    return (lambda x: kernel.apply(x, desc, 0)), held
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["q4 panel", "q8 panel", "float32 panel", "bfloat16 panel"])
+def test_gemm_rows_past_one_cache_block_match_each_row_alone(layout):
+    """K = 8192: a row's activations take 32 KB (16 KB as bfloat16), so 150 rows span several of the GEMM's
+    row blocks (sized to half of L2: 64 rows on CPUs with up to 4 MB of it), the last one partial. Every row
+    equals the same row multiplied alone, bit for bit, and the float64 reference."""
+    gen = torch.Generator().manual_seed(11)
+    w, x = torch.randn(2 * Q8_LANES, 8192, generator=gen), torch.randn(150, 8192, generator=gen)
+    fn, held = rows_past_l2_blocks(layout, w)
+    got = fn(x)
+    for i in (0, 63, 64, 127, 128, 149):
+        assert torch.equal(fn(x[i:i + 1]), got[i:i + 1]), f"row {i}"
+    if layout == "bfloat16 panel":
+        want = x.bfloat16().double() @ w.bfloat16().double().T
+    else:
+        want = x.double() @ (w if layout == "float32 panel" else held).double().T
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
+
+
 @needs_kernel
 def test_strided_rows_and_batch_independence():
     """Rows of a wider activation (a view) work, and a row's result does not depend on its batch-mates."""

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 _SOURCE = VECTORS_C + r"""
 #include <math.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* qweight_t.kind (quant_apply, at the end): the weight's layout and byte order */
 enum { QW_Q4_GGUF, QW_Q4_X8, QW_Q8, QW_Q4_PANEL, QW_F32, QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL };
@@ -777,14 +778,32 @@ __attribute__((noinline)) NO_FMA static void dequant_q8_panel(
    It serves every row count: at one row it streams the weight faster than the plain order's decode kernel
    (all linears of SmolLM2-135M on Zen 4: 16.7 against 19.8 ms; a panel decode kernel took 17.1). ---- */
 
+/* Activation rows per block of the GEMMs: every panel re-reads all rows' activations, so at long prefills
+   (1,500 rows: 3.4-9.2 MB for SmolLM2's K) they streamed from L3 and the Q4_1 GEMM fell from 260 to 223
+   GFLOP/s (Xeon, 2 MB L2). Blocks of rows whose activations fill half of L2 stay there across panels. Each
+   block dequantizes the panels again, so a block is never fewer than 8 row tiles; each output still sums
+   its k in the same order, so results are bit for bit those of one block. */
+static int64_t rows_per_block(const int64_t row_bytes) {
+    static int64_t l2 = 0;
+    if (l2 == 0) {
+        const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        l2 = v > 0 ? v : 512 * 1024; /* Zen 3's, where the C library cannot tell */
+    }
+    const int64_t rows = l2 / 2 / row_bytes / MR * MR;
+    return rows < 8 * MR ? 8 * MR : rows;
+}
+
 /* The panel orders' GEMM: q4 (`kind` QW_Q4_PANEL, pairs of VL-wide panels), q8 or float32 (QW_Q8_PANEL,
    QW_F32_PANEL, NW-wide) */
 static void panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
                        const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                        int nthreads) {
-    const int64_t panels = N / VL, G = K / g;
+    const int64_t panels = N / VL, G = K / g, MC = rows_per_block(K * (int64_t)sizeof(float));
     const size_t ss = f16 ? 2 : 4;
-#pragma omp parallel for num_threads(nthreads) schedule(static)
+#pragma omp parallel num_threads(nthreads)
+    for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* blocks of activation rows that stay in L2 */
+        const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
+#pragma omp for schedule(static)
     for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
         float buf[KC * NW] __attribute__((aligned(64)));
         const float* w = buf;
@@ -800,10 +819,10 @@ static void panel_gemm(int kind, const void* codes, const void* scales, const vo
                 dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, buf);
             else /* float32: the weight itself, [kc][NW] from k0 */
                 w = (const float*)codes + p * VL * K + k0 * NW;
-            for (int64_t m0 = 0; m0 < M; m0 += MR) {
+            for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
                 const float* xm = x + m0 * ldx + k0;
                 float* ym = y + m0 * ldy + p * VL;
-                switch (M - m0 < MR ? M - m0 : MR) {
+                switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
 #define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
 #if MR == 8
                     T(8); T(7);
@@ -813,6 +832,7 @@ static void panel_gemm(int kind, const void* codes, const void* scales, const vo
                 }
             }
         }
+    }
     }
 }
 
@@ -878,7 +898,7 @@ static inline __attribute__((always_inline)) void bf16_tile(const uint32_t* rest
    when the rounded activations' buffer could not be allocated. */
 static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                            int64_t N, int64_t K, int nthreads) {
-    const int64_t K2 = K / 2, panels = N / NW;
+    const int64_t K2 = K / 2, panels = N / NW, MC = rows_per_block(K2 * (int64_t)sizeof(uint32_t));
     uint32_t* xb = malloc(sizeof(uint32_t) * M * K2);
     if (xb == NULL) return -1;
 #pragma omp parallel num_threads(nthreads)
@@ -886,15 +906,17 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++)
             for (int64_t j = 0; j < K2; j++) xb[m * K2 + j] = bf16_pair(x[m * ldx + 2 * j], x[m * ldx + 2 * j + 1]);
+        for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* as panel_gemm: row blocks that stay in L2 */
+            const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < panels; p++) {
             const uint32_t* wp = wq + p * K2 * NW;
             for (int64_t k0 = 0; k0 < K2; k0 += KP) {
                 const int64_t kp = K2 - k0 < KP ? K2 - k0 : KP;
-                for (int64_t m0 = 0; m0 < M; m0 += MR) {
+                for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
                     const uint32_t* xm = xb + m0 * K2 + k0;
                     float* ym = y + m0 * ldy + p * NW;
-                    switch (M - m0 < MR ? M - m0 : MR) {
+                    switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
 #define T(a) case a: bf16_tile(xm, K2, wp + k0 * NW, kp, a, ym, ldy, k0 == 0); break
 #if MR == 8
                         T(8); T(7);
@@ -904,6 +926,7 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
                     }
                 }
             }
+        }
         }
     }
     free(xb);
