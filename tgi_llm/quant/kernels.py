@@ -804,35 +804,35 @@ static void panel_gemm(int kind, const void* codes, const void* scales, const vo
     for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* blocks of activation rows that stay in L2 */
         const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
 #pragma omp for schedule(static)
-    for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
-        float buf[KC * NW] __attribute__((aligned(64)));
-        const float* w = buf;
-        const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
-        const void* sc = scales ? (const char*)scales + p * G * VL * ss : 0;
-        const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
-        if (np == 1) memset(buf, 0, sizeof buf);
-        for (int64_t k0 = 0; k0 < K; k0 += KC) {
-            const int64_t kc = K - k0 < KC ? K - k0 : KC;
-            if (kind == QW_Q4_PANEL)
-                dequant_panels((const uint8_t*)codes + p * VL * (K / 2), sc, mn, f16, g, G, K, np, k0, kc, buf);
-            else if (kind == QW_Q8_PANEL) /* N % NW == 0, so np == 2 */
-                dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, buf);
-            else /* float32: the weight itself, [kc][NW] from k0 */
-                w = (const float*)codes + p * VL * K + k0 * NW;
-            for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
-                const float* xm = x + m0 * ldx + k0;
-                float* ym = y + m0 * ldy + p * VL;
-                switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
+        for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
+            float buf[KC * NW] __attribute__((aligned(64)));
+            const float* w = buf;
+            const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
+            const void* sc = scales ? (const char*)scales + p * G * VL * ss : 0;
+            const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
+            if (np == 1) memset(buf, 0, sizeof buf);
+            for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                if (kind == QW_Q4_PANEL)
+                    dequant_panels((const uint8_t*)codes + p * VL * (K / 2), sc, mn, f16, g, G, K, np, k0, kc, buf);
+                else if (kind == QW_Q8_PANEL) /* N % NW == 0, so np == 2 */
+                    dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, buf);
+                else /* float32: the weight itself, [kc][NW] from k0 */
+                    w = (const float*)codes + p * VL * K + k0 * NW;
+                for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
+                    const float* xm = x + m0 * ldx + k0;
+                    float* ym = y + m0 * ldy + p * VL;
+                    switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
 #define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
 #if MR == 8
-                    T(8); T(7);
+                        T(8); T(7);
 #endif
-                    T(6); T(5); T(4); T(3); T(2); default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
+                        T(6); T(5); T(4); T(3); T(2); default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
 #undef T
+                    }
                 }
             }
         }
-    }
     }
 }
 
@@ -909,24 +909,25 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
         for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* as panel_gemm: row blocks that stay in L2 */
             const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
 #pragma omp for schedule(static)
-        for (int64_t p = 0; p < panels; p++) {
-            const uint32_t* wp = wq + p * K2 * NW;
-            for (int64_t k0 = 0; k0 < K2; k0 += KP) {
-                const int64_t kp = K2 - k0 < KP ? K2 - k0 : KP;
-                for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
-                    const uint32_t* xm = xb + m0 * K2 + k0;
-                    float* ym = y + m0 * ldy + p * NW;
-                    switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
+            for (int64_t p = 0; p < panels; p++) {
+                const uint32_t* wp = wq + p * K2 * NW;
+                for (int64_t k0 = 0; k0 < K2; k0 += KP) {
+                    const int64_t kp = K2 - k0 < KP ? K2 - k0 : KP;
+                    for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
+                        const uint32_t* xm = xb + m0 * K2 + k0;
+                        float* ym = y + m0 * ldy + p * NW;
+                        switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
 #define T(a) case a: bf16_tile(xm, K2, wp + k0 * NW, kp, a, ym, ldy, k0 == 0); break
 #if MR == 8
-                        T(8); T(7);
+                            T(8); T(7);
 #endif
-                        T(6); T(5); T(4); T(3); T(2); default: bf16_tile(xm, K2, wp + k0 * NW, kp, 1, ym, ldy, k0 == 0);
+                            T(6); T(5); T(4); T(3); T(2);
+                            default: bf16_tile(xm, K2, wp + k0 * NW, kp, 1, ym, ldy, k0 == 0);
 #undef T
+                        }
                     }
                 }
             }
-        }
         }
     }
     free(xb);
