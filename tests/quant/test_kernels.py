@@ -170,7 +170,7 @@ def test_bfloat16_panels_round_trip():
     assert torch.equal(bf16_panel_rows(panels, ids, 16), w[ids].bfloat16().float())
 
 
-def rows_past_l2_blocks(layout: str, w: torch.Tensor):
+def panel_gemm_call(layout: str, w: torch.Tensor):
     """The kernel call for `layout` and the weight it holds (alive while its raw pointers are used)."""
     if layout == "q4 panel":
         qw = quantize_int4(w, 32).with_order("panel", LANES)
@@ -191,7 +191,7 @@ def test_gemm_rows_past_one_cache_block_match_each_row_alone(layout):
     equals the same row multiplied alone, bit for bit, and the float64 reference."""
     gen = torch.Generator().manual_seed(11)
     w, x = torch.randn(2 * Q8_LANES, 8192, generator=gen), torch.randn(150, 8192, generator=gen)
-    fn, held = rows_past_l2_blocks(layout, w)
+    fn, held = panel_gemm_call(layout, w)
     got = fn(x)
     for i in (0, 63, 64, 127, 128, 149):
         assert torch.equal(fn(x[i:i + 1]), got[i:i + 1]), f"row {i}"
