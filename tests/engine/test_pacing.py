@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tgi_llm.engine.limits import LimitOptions, resolve_limits
-from tgi_llm.engine.pacing import StepBudget, StepPacer, chunk_work, tokens_within
+from tgi_llm.engine.pacing import SMOOTHING, StepBudget, StepPacer, chunk_work, tokens_within
 
 
 def budget(pacer: StepPacer, cap: int = 512, decoding: bool = True, context: int = 0) -> int:
@@ -47,6 +47,25 @@ def test_what_decoding_costs_is_not_charged_to_the_prompt_tokens():
     pacer.observe(15 + 40, 15, 0.18)  # a prompt's small tail chunk, dear per token: it moves the cost gradually
     assert 0.0015 < pacer.seconds_per_token < 0.0015 + 0.3 * (0.003 - 0.0015) + 1e-9
     assert budget(pacer) > 120
+
+
+def test_costs_measured_before_decoding_alone_was_seen_give_way_to_the_first_that_knows_it():
+    pacer = StepPacer(0.3)
+    pacer.observe(3 + 200, 3, 0.26)  # streams decode, but what that costs is unknown: all charged to the prompt
+    assert abs(pacer.seconds_per_token - 0.0013) < 1e-12 and not pacer.calibrated
+    pacer.observe(8, 8, 0.035)  # decoding alone: 35 ms
+    assert budget(pacer) == 203  # (300 - 35) ms / 1.3 ms
+    pacer.observe(8 + 203, 8, 0.035 + 203 * 0.0008)  # 0.8 ms per token once the decodes are not counted
+    assert abs(pacer.seconds_per_token - 0.0008) < 1e-12 and pacer.calibrated
+    assert budget(pacer) == 331  # the next step fills the target, not ~40 ms short of it
+    pacer.observe(8 + 331, 8, 0.035 + 331 * 0.0006)  # from now on a cheaper step moves the cost gradually
+    assert abs(pacer.seconds_per_token - (0.0008 + SMOOTHING * (0.0006 - 0.0008))) < 1e-12
+    small = StepPacer(0.3)  # a small step (a prompt's tail) with the decodes known replaces nothing
+    small.observe(3 + 200, 3, 0.26)
+    small.observe(8, 8, 0.035)
+    budget(small)
+    small.observe(8 + 40, 8, 0.035 + 40 * 0.0008)
+    assert small.seconds_per_token > 0.001 and not small.calibrated  # moved towards 0.84 ms, not to it
 
 
 def test_small_steps_are_not_taken_as_measurements():

@@ -26,6 +26,12 @@ token's linears, from the model's shape) costs are counted in work units, a toke
 1 + context_weight * c units, and the budget is work: a step sized at the end of a long prompt no longer
 makes the next prompt's first steps small (they were 160 tokens where 230 fit), and a chunk far into a
 prompt (or after a long cached prefix) is sized for what it really costs.
+
+Until a step of decodes alone has been seen, what decoding costs is unknown, and the first samples charge
+it (or, with no decodes, a step's fixed costs) to the prompt tokens: they only overstate. A served W4
+started its 1,500-token prompt at 1.05 ms per token where its first step measured 0.79, and falling
+gradually took five steps to get there, each ~40 ms short of the target: 7 steps where 6 fit. So the
+first sample from a full-sized step whose decodes' cost is known replaces such an estimate outright.
 """
 
 from __future__ import annotations
@@ -92,6 +98,9 @@ class StepPacer:
     seconds_per_token: float | None = None
     #: The last prompt budget (work units) given while streams decoded: a step near it is a full-sized sample.
     last_budget: float = 0
+    #: Whether `seconds_per_token` has come from a full-sized step whose decodes' cost was known (until then
+    #: it counted the decodes, or a step's fixed costs, as prompt tokens).
+    calibrated: bool = False
 
     def observe(self, num_tokens: int, num_decodes: int, step_s: float,
                 chunks: Sequence[tuple[int, int]] = ()) -> None:
@@ -111,10 +120,12 @@ class StepPacer:
         sample = max(step_s - base, step_s / 2) / work  # a decode base measured high cannot zero the cost
         prev = self.seconds_per_token
         full_sized = work >= self.last_budget / 2
-        if prev is None or (sample > prev and full_sized):
+        first_calibrated = full_sized and num_decodes > 0 and self.decode_step_s > 0 and not self.calibrated
+        if prev is None or (sample > prev and full_sized) or first_calibrated:
             self.seconds_per_token = sample
         else:
             self.seconds_per_token = prev + SMOOTHING * (sample - prev)
+        self.calibrated = self.calibrated or first_calibrated
 
     def step_budget(self, cap: int, decoding: bool, floor: int) -> StepBudget:
         """What the next step may give prompt chunks: `cap` tokens (what remains of the step's token cap),
