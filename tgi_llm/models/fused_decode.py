@@ -69,9 +69,9 @@ typedef struct {
     const int64_t *trow, *qstart, *qlen, *klen;
 } prompts_t;
 
-/* Rows of the elementwise loops below per thread: fewer are not worth waking the second thread for (a
-   decode step's few rows). At a 1,500-token prefill these loops took 102 ms of 1,590 on one core. */
-#define PAR_ROWS 64
+/* Rows from which the row loops below split over the threads: fewer (a decode step's) are not worth waking
+   the others for. At a 1,500-token prefill these loops took 102 ms of 1,590 on one core. */
+#define PAR_MIN_ROWS 128
 
 /* as RMSNorm.forward: x * rsqrt(mean(x^2) + eps), then times the weight, for one row */
 static void rmsnorm_row(const float* restrict x, const float* restrict w, float* restrict out, int64_t H,
@@ -87,14 +87,14 @@ static void rmsnorm_row(const float* restrict x, const float* restrict w, float*
 
 static void rmsnorm(const float* restrict x, const float* restrict w, float* restrict out, int64_t M, int64_t H,
                     float eps, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= 2 * PAR_ROWS)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
     for (int64_t m = 0; m < M; m++) rmsnorm_row(x + m * H, w, out + m * H, H, eps);
 }
 
 /* the residual add (h += d), then the next norm of the same rows while they are in L1 */
 static void add_rmsnorm(float* restrict h, const float* restrict d, const float* restrict w, float* restrict out,
                         int64_t M, int64_t H, float eps, int nthreads) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= 2 * PAR_ROWS)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
     for (int64_t m = 0; m < M; m++) {
         float* hm = h + m * H;
         const float* dm = d + m * H;
@@ -156,7 +156,7 @@ int layer_stack(const layer_t* layers, int64_t L, apply_fn apply, attention_fn a
     for (int64_t l = 0; l < L; l++) {
         const layer_t* ly = layers + l;
         apply(ly->qkv, normed, H, qkv, QKV, M, ly->gemm_min[0], nthreads);
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= 2 * PAR_ROWS)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
         for (int64_t m = 0; m < M; m++) {
             const float *row = qkv + m * QKV, *c = cos + m * D, *s = sin + m * D;
             float* kdst = ly->k_cache + slots[m] * tok;
