@@ -10,7 +10,8 @@ Weights are copied once, at load, into private anonymous mappings advised MADV_H
 THP mode ("madvise") backs only advised memory, and "never" leaves them in ordinary pages, still correct.
 Tensors share 2 MiB-aligned chunks, so rounding to huge pages costs at most one partly used huge page
 per chunk; each tensor keeps its mapping alive (torch.frombuffer holds the buffer), so a model's weights
-are unmapped with the model. TGI_LLM_HUGE_PAGES=0 leaves weights where torch put them.
+are unmapped with the model. `zeros` maps large pools (the KV cache) the same way, untouched until used.
+TGI_LLM_HUGE_PAGES=0 leaves weights where torch put them and pools in ordinary pages.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import math
 import mmap
 import os
 from collections.abc import Iterator
@@ -54,12 +56,24 @@ class _Mapping:
     used: int = 0
 
 
-def _map(nbytes: int) -> _Mapping:
-    """Anonymous private memory advised for huge pages, `nbytes` usable from a 2 MiB boundary."""
+def _map(nbytes: int, advise: bool = True) -> _Mapping:
+    """Anonymous private memory (advised for huge pages), `nbytes` usable from a 2 MiB boundary. Private,
+    not shared: shared anonymous memory is shmem, which THP backs only under `shmem_enabled` ("never" by
+    default), whatever the advice."""
     length = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
     buf = mmap.mmap(-1, length + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    buf.madvise(mmap.MADV_HUGEPAGE)  # only addresses matter here: no page is touched until the copy
+    if advise:
+        buf.madvise(mmap.MADV_HUGEPAGE)  # only addresses matter here: no page is touched until written
     return _Mapping(buf, (-_address(buf)) % HUGE_PAGE, length)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A CPU tensor of zeros in a mapping of its own, untouched: Linux backs it with pages (huge ones where it
+    can, unless TGI_LLM_HUGE_PAGES=0) as they are first written, so a large pool costs resident memory only
+    as it is used. The tensor keeps the mapping alive."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    own = _map(nbytes, advise=enabled())
+    return torch.frombuffer(own.buf, dtype=torch.uint8, count=nbytes, offset=own.start).view(dtype).view(shape)
 
 
 @dataclass

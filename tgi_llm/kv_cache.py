@@ -6,14 +6,15 @@ paged layout), so token slot `s` lives at `[s // block_size, s % block_size]`.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import mmap
 import platform
 from typing import TYPE_CHECKING
 
 import torch
+
+from tgi_llm import hugepages
+from tgi_llm.hugepages import HUGE_PAGE
 
 if TYPE_CHECKING:  # models imports the attention backends, which import this module
     from tgi_llm.models.config import ModelConfig
@@ -22,35 +23,17 @@ logger = logging.getLogger(__name__)
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
-_HUGE_PAGE = 2 << 20
-_MADV_HUGEPAGE = 14
-
-
-def _madvise_hugepage(address: int, length: int) -> bool:
-    if platform.system() != "Linux":
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        return libc.madvise(address, length, _MADV_HUGEPAGE) == 0
-    except (OSError, AttributeError):
-        return False
-
 
 def _zeros_cpu(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Zeros in fresh anonymous memory (Linux backs it with zero pages on first touch, so the pool costs
     resident memory only as blocks are used: `tgi_llm.memory` reports how much), on 2 MiB pages where
-    Linux allows (THP in `madvise` mode, the common default): attention reads each sequence's blocks
+    Linux allows (THP in `madvise` mode, the common default). Attention reads each sequence's blocks
     scattered over the cache, and with 4 KiB pages every block costs TLB misses and stops the hardware
-    prefetcher at each page edge (~10% of decode attention time)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes < 4 * _HUGE_PAGE or platform.system() != "Linux":
+    prefetcher at each page edge; and whoever reads the process's smaps (a memory monitor) walks one page
+    table entry per 4 KiB in use, in the kernel, with the process's mappings locked."""
+    if math.prod(shape) * dtype.itemsize < 4 * HUGE_PAGE or platform.system() != "Linux":
         return torch.zeros(shape, dtype=dtype)
-    region = mmap.mmap(-1, nbytes + _HUGE_PAGE)  # anonymous, zero-filled, untouched; the tensor keeps it alive
-    raw = torch.frombuffer(region, dtype=torch.uint8)
-    offset = -raw.data_ptr() % _HUGE_PAGE
-    _madvise_hugepage(raw.data_ptr() + offset, nbytes // _HUGE_PAGE * _HUGE_PAGE)
-    return raw[offset : offset + nbytes].view(dtype).view(shape)
+    return hugepages.zeros(shape, dtype)
 
 
 def allocate_kv_cache(
