@@ -1,0 +1,1 @@
+cd '/tmp/peerclone' && exec bash scripts/serve.sh 
