@@ -95,6 +95,29 @@ def test_greedy_parity_with_transformers_alone_and_together(default_llm, default
 
 
 @pytest.mark.slow
+def test_greedy_parity_with_every_gemm_on_amx_tiles(default_llm, default_model_dir):
+    """Where the CPU has AMX, prompts of 128+ rows run their linears on split-bfloat16 tiles: forced there
+    from one row (every prompt and every batched step), the greedy tokens are still transformers'."""
+    from tgi_llm.quant.kernels import AMX_MIN_ROWS, quant_kernels
+
+    kernels = quant_kernels()
+    if kernels is None or not kernels.amx:
+        pytest.skip("no AMX-BF16 tiles on this CPU")
+    tok = default_llm.tokenizer
+    prompts = [chat(tok, q) for q in QUESTIONS]
+    ref = reference_greedy(default_model_dir, prompts, NEW_TOKENS)
+    params = {"max_new_tokens": NEW_TOKENS}
+    kernels.set_amx_min_rows(1)
+    try:
+        alone = [default_llm.generate([p], params)[0].token_ids for p in prompts]
+        together = [r.token_ids for r in default_llm.generate(prompts, params)]
+    finally:
+        kernels.set_amx_min_rows(AMX_MIN_ROWS)
+    assert alone == ref
+    assert together == ref
+
+
+@pytest.mark.slow
 def test_seeded_sampling_ignores_batch_composition(default_llm):
     tok = default_llm.tokenizer
     target = chat(tok, "Tell me a story about a dragon.")

@@ -17,6 +17,9 @@ no transposes; the others through the row-by-row kernels. Float32 weights in the
 `Linear`) are already the micro-kernel's layout: `panel_gemm` reads them in place at every row count.
 Rows are split over OpenMP threads. The code uses AVX2 or AVX-512 intrinsics where -march=native
 (native_build) has them and GCC vectors elsewhere; float16 scales go through F16C where the CPU has it.
+Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on), the panel orders' GEMMs run on the tile
+unit from AMX_MIN_ROWS rows: float32 operands split into bfloat16 parts keep float32's accuracy there, and
+bfloat16 weights (--dtype bfloat16) are the tiles' operand as they are.
 
 Built at model load by `tgi_llm.native_build`, checked against the torch reference, optional: when it is
 unavailable (no compiler, failed check, TGI_LLM_QUANT_KERNELS=0) QuantLinear dequantizes in torch.
@@ -856,6 +859,17 @@ static inline uint32_t bf16_pair(const float lo, const float hi) {
     return float_to_bf16(lo) | (float_to_bf16(hi) << 16);
 }
 
+/* one activation row rounded to bfloat16 pairs (xb: K / 2 words); AVX512-BF16 rounds 32 at a time */
+static inline void bf16_row_pairs(const float* restrict x, const int64_t K, uint32_t* restrict xb) {
+    int64_t k = 0;
+#if defined(__AVX512BF16__) && VL == 16
+    for (; k + 32 <= K; k += 32) /* lanes 0-15 from x[k..], 16-31 from x[k + 16..]: memory order */
+        _mm512_storeu_si512(xb + k / 2,
+                            (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + k + 16), _mm512_loadu_ps(x + k)));
+#endif
+    for (; k < K; k += 2) xb[k / 2] = bf16_pair(x[k], x[k + 1]);
+}
+
 static inline float bits_to_float(const uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
@@ -905,7 +919,7 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
     {
 #pragma omp for schedule(static)
         for (int64_t m = 0; m < M; m++)
-            for (int64_t j = 0; j < K2; j++) xb[m * K2 + j] = bf16_pair(x[m * ldx + 2 * j], x[m * ldx + 2 * j + 1]);
+            bf16_row_pairs(x + m * ldx, K, xb + m * K2);
         for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* as panel_gemm: row blocks that stay in L2 */
             const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
 #pragma omp for schedule(static)
@@ -934,6 +948,302 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
     return 0;
 }
 
+/* ---- AMX: float32-accurate GEMMs on the tile unit, from split bfloat16 operands ----
+   Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on), one TDPBF16PS multiplies a 16 x 32
+   bfloat16 tile by a 32 x 16 one into 16 x 16 float32 sums: ~15x the products per cycle of AVX-512 FMAs.
+   bfloat16 alone would cost float32's accuracy, so each operand is split into bfloat16 parts whose sum is
+   the float32 value: x = x0 + x1 + x2 (24 significant bits: every float32 of bfloat16's range exactly) and
+   w = w0 + w1 + w2 (the dequantized Q4_1 weights of the default model need only w0 + w1). The products
+   kept are those at or above float32's rounding: x0w0, x0w1, x1w0, x1w1, x2w0, and x0w2 where w2 is not
+   zero. Each is exact in float32 and the tile unit adds it with float32 rounding, so a result differs from
+   the float32 GEMM's by about the same rounding as two float32 summation orders differ (the dropped
+   products are below 2^-24 of |x w|). Five or six tile products per 16 x 16 x 32 block are still ~2.5-3x
+   the AVX-512 GEMM's rate.
+
+   Operands are split once per call into tiles of 1 KB, kept in one scratch buffer: activations as
+   [M / 16][K / 32][part][16 rows][32 k], weights as [N / 16][K / 32][part][16 k-pairs][16 columns x 2],
+   the operand layouts of TDPBF16PS. Weights are split from the float32 panel chunk every other GEMM
+   multiplies (dequantized q4/q8 or float32 in place), in chunks of columns so the scratch stays small
+   (the LM head's 49,152 columns included). */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && VL == 16
+#include <omp.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#define HAVE_AMX 1
+#define TILE_ELEMS 512            /* bfloat16 per tile: 16 rows of 64 bytes */
+#define PART_STRIDE TILE_ELEMS    /* the parts of one tile block are adjacent */
+#define BLOCK_ELEMS (3 * TILE_ELEMS)
+
+static int amx_state = -1; /* -1 not asked yet, 0 refused, 1 granted */
+
+/* The kernel gives a process the tile registers' state only when asked (arch_prctl, Linux 5.16+). */
+int amx_usable(void) {
+    if (amx_state < 0) {
+        const long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+        amx_state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
+    return amx_state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tilecfg_t;
+
+static void amx_configure(void) { /* all eight tiles 16 rows x 64 bytes */
+    tilecfg_t c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) { c.colsb[i] = 64; c.rows[i] = 16; }
+    _tile_loadconfig(&c);
+}
+
+/* x rounded to bfloat16 (nearest, ties to even), as a float32 with its low 16 bits zero */
+static inline __m512 round_bf16(const __m512 x) {
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* x = p[0] + p[1] + p[2], each a bfloat16 value held as float32 */
+static inline void split3(const __m512 x, __m512* p) {
+    p[0] = round_bf16(x);
+    const __m512 r = _mm512_sub_ps(x, p[0]);
+    p[1] = round_bf16(r);
+    p[2] = round_bf16(_mm512_sub_ps(r, p[1]));
+}
+
+static inline __m256i bf16_bits(const __m512 p) { /* 16 bfloat16 values */
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16));
+}
+
+/* activation rows [m0, m1) -> their split tiles (rows past M and k past K zero) */
+static void split_rows(const float* x, const int64_t ldx, const int64_t M, const int64_t K, const int64_t Kb,
+                       const int64_t m0, const int64_t m1, uint16_t* A) {
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t kb = 0; kb < Kb; kb++)
+            for (int half = 0; half < 2; half++) {
+                const int64_t k = kb * 32 + half * 16;
+                const __m512 v = m < M && k < K ? _mm512_loadu_ps(x + m * ldx + k) : _mm512_setzero_ps();
+                __m512 p[3];
+                split3(v, p);
+                uint16_t* t = A + ((m / 16) * Kb + kb) * BLOCK_ELEMS + (m % 16) * 32 + half * 16;
+                for (int i = 0; i < 3; i++) _mm256_storeu_si256((__m256i*)(t + i * PART_STRIDE), bf16_bits(p[i]));
+            }
+}
+
+/* A float32 panel chunk [kc][NW] (k from k0, kc even) -> the split tiles of its nh column tiles of 16 at B
+   (B: the first of them, [K / 32][part] blocks each); returns whether any third weight part is nonzero */
+static int split_panel(const float* w, const int64_t k0, const int64_t kc, const int nh, const int64_t Kb,
+                       uint16_t* B) {
+    __m512i any = _mm512_setzero_si512();
+    for (int h = 0; h < nh; h++)
+        for (int64_t j = 0; j < kc / 2; j++) {
+            __m512 e[3], o[3];
+            split3(_mm512_loadu_ps(w + 2 * j * NW + h * 16), e);
+            split3(_mm512_loadu_ps(w + (2 * j + 1) * NW + h * 16), o);
+            const int64_t jj = k0 / 2 + j; /* k-pair within the weight */
+            uint16_t* t = B + (h * Kb + jj / 16) * BLOCK_ELEMS + (jj % 16) * 32;
+            for (int i = 0; i < 3; i++) {
+                const __m512i word = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(e[i]), 16),
+                                                     _mm512_and_si512(_mm512_castps_si512(o[i]),
+                                                                      _mm512_set1_epi32((int)0xffff0000u)));
+                _mm512_storeu_si512(t + i * PART_STRIDE, word);
+            }
+            any = _mm512_or_si512(any, _mm512_or_si512(_mm512_castps_si512(e[2]), _mm512_castps_si512(o[2])));
+        }
+    return _mm512_test_epi32_mask(any, any) != 0;
+}
+
+/* Tiles: 0, 1 the x0w0 sums of two column tiles, 2, 3 the smaller products' (a separate sum, so adding them
+   costs the large one no roundings: its error stays the float32 GEMM's), 4-6 the row tile's three parts, 7
+   one weight part at a time. */
+#define AMX_PRODUCTS(big, small, b, third)                                                \
+    do {                                                                                  \
+        _tile_loadd(7, (b), 64);                                                          \
+        _tile_dpbf16ps(big, 4, 7); _tile_dpbf16ps(small, 5, 7); _tile_dpbf16ps(small, 6, 7); \
+        _tile_loadd(7, (b) + PART_STRIDE, 64);                                            \
+        _tile_dpbf16ps(small, 4, 7); _tile_dpbf16ps(small, 5, 7);                         \
+        if (third) { _tile_loadd(7, (b) + 2 * PART_STRIDE, 64); _tile_dpbf16ps(small, 4, 7); } \
+    } while (0)
+
+/* y[0:rows][0:16 (two: 32)] = the split product of one row tile and one or two column tiles */
+static void amx_tile_pair(const uint16_t* A, const uint16_t* B0, const uint16_t* B1, const int64_t Kb,
+                          const int third0, const int third1, float* y, const int64_t ldy, const int64_t rows,
+                          const int two) {
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t kb = 0; kb < Kb; kb++) {
+        const uint16_t* a = A + kb * BLOCK_ELEMS;
+        _tile_loadd(4, a, 64);
+        _tile_loadd(5, a + PART_STRIDE, 64);
+        _tile_loadd(6, a + 2 * PART_STRIDE, 64);
+        AMX_PRODUCTS(0, 2, B0 + kb * BLOCK_ELEMS, third0);
+        if (two) AMX_PRODUCTS(1, 3, B1 + kb * BLOCK_ELEMS, third1);
+    }
+    float c[4][16 * 16] __attribute__((aligned(64)));
+    _tile_stored(0, c[0], 64);
+    _tile_stored(2, c[2], 64);
+    if (two) { _tile_stored(1, c[1], 64); _tile_stored(3, c[3], 64); }
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h <= two; h++)
+            _mm512_storeu_ps(y + r * ldy + h * 16, _mm512_add_ps(_mm512_load_ps(c[h] + r * 16),
+                                                                  _mm512_load_ps(c[2 + h] + r * 16)));
+}
+#undef AMX_PRODUCTS
+
+static pthread_mutex_t amx_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint16_t* amx_scratch;
+static size_t amx_scratch_elems;
+
+/* The scratch of one call, grown as needed and kept (2 MiB-aligned, advised for huge pages: its tiles are
+   read in runs a 4 KiB page's TLB entry would cut short) */
+static uint16_t* amx_scratch_for(const size_t elems) {
+    if (elems > amx_scratch_elems) {
+        free(amx_scratch);
+        const size_t huge = 2u << 20, bytes = (elems * 2 + huge - 1) & ~(huge - 1);
+        amx_scratch = aligned_alloc(huge, bytes);
+        if (amx_scratch) madvise(amx_scratch, bytes, MADV_HUGEPAGE);
+        amx_scratch_elems = amx_scratch ? elems : 0;
+    }
+    return amx_scratch;
+}
+
+/* A float32 panel pair (VL-wide panels p and p + 1, or p alone) split into its tiles at B; returns whether
+   a third weight part is nonzero */
+static int split_pair(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
+                      int64_t N, int64_t K, int64_t p, uint16_t* B) {
+    float buf[KC * NW] __attribute__((aligned(64)));
+    const int64_t Kb = (K + 31) / 32, G = K / g, panels = N / VL;
+    const int np = panels - p < 2 ? 1 : 2;
+    const size_t ss = f16 ? 2 : 4;
+    const void* sc = scales ? (const char*)scales + p * G * VL * ss : 0;
+    const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
+    int any = 0;
+    for (int64_t k0 = 0; k0 < Kb * 32; k0 += KC) {
+        const int64_t kc = Kb * 32 - k0 < KC ? Kb * 32 - k0 : KC, real = K - k0 < kc ? K - k0 : kc;
+        const float* w = buf;
+        if (kind == QW_Q4_PANEL)
+            dequant_panels((const uint8_t*)codes + p * VL * (K / 2), sc, mn, f16, g, G, K, np, k0, real, buf);
+        else if (kind == QW_Q8_PANEL)
+            dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, real, buf);
+        else if (real == kc)
+            w = (const float*)codes + p * VL * K + k0 * NW;
+        else
+            memcpy(buf, (const float*)codes + p * VL * K + k0 * NW, real * NW * sizeof(float));
+        if (real < kc) memset(buf + real * NW, 0, (kc - real) * NW * sizeof(float));
+        any |= split_panel(w, k0, kc, np, Kb, B);
+    }
+    return any;
+}
+
+#define AMX_B_BYTES (1 << 20) /* a thread's split weights at a time: they stay in its L2 across row blocks */
+#define AMX_A_BYTES (512 << 10) /* a block of split activation rows, read by every column pair of the thread */
+
+/* The panel orders' GEMM (as panel_gemm) on the tile unit. Each thread takes a contiguous range of column
+   pairs and splits their weights a group at a time into its own scratch, sized to stay in its L2, then
+   multiplies them with every block of rows: nothing is shared but the split activations, so no barrier
+   after theirs. Returns -1 (nothing written) when the scratch could not be allocated. */
+static int amx_panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
+                          const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                          int nthreads) {
+    const int64_t Kb = (K + 31) / 32, Mt = (M + 15) / 16, tiles = N / 16, pairs = (tiles + 1) / 2;
+    const int64_t pair_elems = 2 * Kb * BLOCK_ELEMS, a_elems = Mt * Kb * BLOCK_ELEMS;
+    const int64_t group = AMX_B_BYTES / (2 * pair_elems) > 1 ? AMX_B_BYTES / (2 * pair_elems) : 1;
+    const int64_t row_tiles = AMX_A_BYTES / (2 * Kb * BLOCK_ELEMS) > 1 ? AMX_A_BYTES / (2 * Kb * BLOCK_ELEMS) : 1;
+    pthread_mutex_lock(&amx_lock);
+    uint16_t* scratch = amx_scratch_for((size_t)a_elems + (size_t)nthreads * group * pair_elems);
+    if (!scratch) { pthread_mutex_unlock(&amx_lock); return -1; }
+    uint16_t* A = scratch;
+#pragma omp parallel num_threads(nthreads)
+    {
+        amx_configure();
+#pragma omp for schedule(static)
+        for (int64_t mt = 0; mt < Mt; mt++) split_rows(x, ldx, M, K, Kb, mt * 16, mt * 16 + 16, A);
+        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+        const int64_t p0 = pairs * t / nt, p1 = pairs * (t + 1) / nt;
+        uint16_t* B = scratch + a_elems + t * group * pair_elems;
+        int third[AMX_B_BYTES / (4 * BLOCK_ELEMS) + 1]; /* group <= this: a pair is >= 2 blocks of 2 bytes */
+        for (int64_t g0 = p0; g0 < p1; g0 += group) {
+            const int64_t g1 = p1 - g0 < group ? p1 : g0 + group;
+            for (int64_t pp = g0; pp < g1; pp++)
+                third[pp - g0] = split_pair(kind, codes, scales, mins, f16, g, N, K, 2 * pp,
+                                            B + (pp - g0) * pair_elems);
+            for (int64_t mb = 0; mb < Mt; mb += row_tiles) {
+                const int64_t mb1 = Mt - mb < row_tiles ? Mt : mb + row_tiles;
+                for (int64_t pp = g0; pp < g1; pp++) {
+                    const uint16_t* B0 = B + (pp - g0) * pair_elems;
+                    const int two = 2 * pp + 1 < tiles;
+                    for (int64_t mt = mb; mt < mb1; mt++) {
+                        const int64_t rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
+                        amx_tile_pair(A + mt * Kb * BLOCK_ELEMS, B0, B0 + Kb * BLOCK_ELEMS, Kb, third[pp - g0],
+                                      third[pp - g0], y + mt * 16 * ldy + 32 * pp, ldy, rows, two);
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+    pthread_mutex_unlock(&amx_lock);
+    return 0;
+}
+/* --dtype bfloat16 on the tile unit: the weights' panel order ([N / NW][K / 2][NW] words, a k-pair's NW
+   columns side by side) is TDPBF16PS's B operand as it is (a tile: 16 k-pairs x 16 columns, rows NW words
+   apart), and the activations rounded to bfloat16 row by row are its A operand: one product per tile, the
+   same products the AVX-512 kernel takes (bfloat16 operands, float32 sums), 32 x 32 outputs at a time.
+   K a multiple of 32. Returns -1 (nothing written) when the scratch could not be allocated. */
+static int amx_bf16_gemm(const uint32_t* wq, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                         int64_t N, int64_t K, int nthreads) {
+    const int64_t K2 = K / 2, Kb = K / 32, Mt = (M + 15) / 16, panels = N / NW;
+    pthread_mutex_lock(&amx_lock);
+    uint32_t* xb = (uint32_t*)amx_scratch_for((size_t)Mt * 16 * K); /* rows past M zero: read, never stored */
+    if (!xb) { pthread_mutex_unlock(&amx_lock); return -1; }
+#pragma omp parallel num_threads(nthreads)
+    {
+        amx_configure();
+#pragma omp for schedule(static)
+        for (int64_t m = 0; m < Mt * 16; m++) {
+            if (m < M) bf16_row_pairs(x + m * ldx, K, xb + m * K2);
+            else memset(xb + m * K2, 0, K2 * sizeof(uint32_t));
+        }
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < panels; p++) {
+            const uint32_t* wp = wq + p * K2 * NW;
+            for (int64_t mt = 0; mt < Mt; mt += 2) {
+                const int two = mt + 1 < Mt;
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                for (int64_t kb = 0; kb < Kb; kb++) {
+                    const uint32_t* a = xb + mt * 16 * K2 + kb * 16;
+                    _tile_loadd(4, a, K2 * 4);
+                    _tile_loadd(6, wp + kb * 16 * NW, NW * 4);
+                    _tile_loadd(7, wp + kb * 16 * NW + 16, NW * 4);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    if (two) {
+                        _tile_loadd(5, a + 16 * K2, K2 * 4);
+                        _tile_dpbf16ps(2, 5, 6);
+                        _tile_dpbf16ps(3, 5, 7);
+                    }
+                }
+                float c[4][16 * 16] __attribute__((aligned(64)));
+                _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+                _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+                for (int64_t r = 0; r < 32 && mt * 16 + r < M; r++)
+                    for (int h = 0; h < 2; h++)
+                        memcpy(y + (mt * 16 + r) * ldy + p * NW + h * 16, c[(r / 16) * 2 + h] + (r % 16) * 16, 64);
+            }
+        }
+        _tile_release();
+    }
+    pthread_mutex_unlock(&amx_lock);
+    return 0;
+}
+#else
+int amx_usable(void) { return 0; }
+#endif
+
 /* ---- one entry for any weight: the decode kernel below gemm_min rows, the GEMM from there, then the bias.
    QuantLinear and the fused decode stack (tgi_llm/models/fused_decode.py) both call it. */
 typedef struct {
@@ -945,10 +1255,19 @@ typedef struct {
     const float* bias; /* [N] or NULL */
 } qweight_t;
 
+/* Rows from which the panel orders' GEMMs run on the tile unit (0: never); set by QuantKernels where
+   amx_usable() */
+static int64_t amx_min_rows = 0;
+void set_amx_min_rows(int64_t rows) { amx_min_rows = amx_usable() ? rows : 0; }
+
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                  int64_t gemm_min, int nthreads) {
     const int64_t N = w->N, K = w->K;
     if (w->kind == QW_BF16_PANEL) {
+#ifdef HAVE_AMX
+        if (!(amx_min_rows > 0 && M >= amx_min_rows && K % 32 == 0 &&
+              amx_bf16_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) == 0))
+#endif
         if (bf16_panel_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) != 0)
             for (int64_t m = 0; m < M; m++) /* no memory: poison the output, never a silent wrong answer */
                 for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
@@ -963,6 +1282,11 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
         default: q8_linear(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
         }
     } else if (w->kind == QW_Q4_PANEL || w->kind == QW_Q8_PANEL || w->kind == QW_F32_PANEL) {
+#ifdef HAVE_AMX
+        if (!(amx_min_rows > 0 && M >= amx_min_rows &&
+              amx_panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K,
+                             nthreads) == 0))
+#endif
         panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
 #undef Q4
     } else {
@@ -978,6 +1302,11 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 #: `qweight_t.kind` of the C source (QW_*) for 8-bit codes (file order, panel order), float32 weights
 #: (plain, panel order) and bfloat16 weights (panel order).
 QW_Q8, QW_F32, QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL = 2, 4, 5, 6, 7
+
+
+#: Activation rows from which the panel GEMMs run on AMX tiles, where the CPU has them: below, splitting the
+#: weights into bfloat16 parts (once per call) costs more than the tiles save (docs/PERFORMANCE.md, item 34).
+AMX_MIN_ROWS = 128
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -1026,6 +1355,9 @@ class QuantKernels:
         lib.panel_lanes.restype = lib.q8_panel_lanes.restype = ctypes.c_int
         lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, ctypes.c_int]
         lib.quant_apply.restype = None
+        lib.amx_usable.restype = ctypes.c_int
+        lib.set_amx_min_rows.argtypes = [i64]
+        lib.set_amx_min_rows.restype = None
         #: `quant_apply`'s address, for C callers (the fused decode stack)
         self.apply_address = ctypes.cast(lib.quant_apply, ctypes.c_void_p).value
         self._lib = lib
@@ -1033,6 +1365,15 @@ class QuantKernels:
         self.panel_lanes = int(lib.panel_lanes())
         #: The same for q8 codes (twice as wide: one stream of bytes per thread).
         self.q8_panel_lanes = int(lib.q8_panel_lanes())
+        #: Whether the panel GEMMs run on AMX tiles from AMX_MIN_ROWS rows: the CPU has AMX-BF16, the kernel
+        #: grants the tile state, and TGI_LLM_AMX is not 0 (quant_kernels turns it off if its check fails).
+        self.amx = bool(lib.amx_usable()) and os.environ.get("TGI_LLM_AMX", "1") != "0"
+        self.set_amx_min_rows(AMX_MIN_ROWS if self.amx else 0)
+
+    def set_amx_min_rows(self, rows: int) -> None:
+        """From how many activation rows the panel GEMMs take the tile unit (0: never); a no-op without AMX.
+        Process-wide: the tests force it to 1 to run small shapes there."""
+        self._lib.set_amx_min_rows(rows)
 
     def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int, out: torch.Tensor | None = None
               ) -> torch.Tensor:
@@ -1100,6 +1441,18 @@ def _self_check(kernels: QuantKernels) -> None:
             raise RuntimeError("bfloat16 panel gemm disagrees with torch")
 
 
+def _self_check_amx(kernels: QuantKernels) -> None:
+    """The same checks with every GEMM on the tile unit; a failure turns AMX off, not the kernels."""
+    kernels.set_amx_min_rows(1)
+    try:
+        _self_check(kernels)
+    except Exception as exc:
+        kernels.amx = False
+        logger.warning("quantized linears: AMX tiles off, their check failed (pid %d): %s", os.getpid(), exc)
+    finally:
+        kernels.set_amx_min_rows(AMX_MIN_ROWS if kernels.amx else 0)
+
+
 def quant_kernels() -> QuantKernels | None:
     """The compiled kernels, or None where they can't be built, load or pass their self-check, or are
     switched off with TGI_LLM_QUANT_KERNELS=0. Decided once per process and logged once."""
@@ -1114,8 +1467,11 @@ def quant_kernels() -> QuantKernels | None:
                 try:
                     kernels = QuantKernels(build_library("quant_linear", _SOURCE))
                     _self_check(kernels)
+                    if kernels.amx:
+                        _self_check_amx(kernels)
                     _kernels = kernels
-                    logger.info("quantized linears: C kernels (pid %d)", os.getpid())
+                    logger.info("quantized linears: C kernels (pid %d)%s", os.getpid(),
+                                f", AMX tiles from {AMX_MIN_ROWS} rows" if kernels.amx else "")
                 except Exception as exc:  # an optional fast path: whatever went wrong, serve with torch
                     logger.warning("quantized linears: torch path, the C kernels are unavailable (pid %d): %s",
                                    os.getpid(), exc)

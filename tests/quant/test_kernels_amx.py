@@ -1,0 +1,167 @@
+"""The panel GEMMs on AMX tiles (quant/kernels.py, where the CPU has AMX-BF16): float32 accuracy from split
+bfloat16 operands, every tail of rows, columns and k, and the dispatch by row count. Skipped elsewhere."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import tgi_llm.quant.kernels as kernels_mod
+from tgi_llm.quant.formats import quantize_int4, quantize_int8, to_bf16_panels, to_panels
+
+kernel = kernels_mod.quant_kernels()
+pytestmark = pytest.mark.skipif(kernel is None or not kernel.amx, reason="no AMX-BF16 tiles on this CPU")
+LANES = kernel.panel_lanes if kernel is not None else 16
+Q8_LANES = kernel.q8_panel_lanes if kernel is not None else 32
+
+
+@pytest.fixture
+def on_tiles():
+    """Every panel GEMM of these tests on the tile unit, from one row; the default threshold afterwards."""
+    kernel.set_amx_min_rows(1)
+    yield
+    kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS)
+
+
+def held(layout: str, w: torch.Tensor) -> tuple[kernels_mod.WeightDesc, torch.Tensor, object]:
+    """(descriptor, the float weight it multiplies, what must stay alive) of w in one of the panel layouts."""
+    if layout == "float32 panel":
+        t = to_panels(w, Q8_LANES)
+        return kernels_mod.dense_desc(t, panel=True), w, t
+    q = {"q4 g32": lambda: quantize_int4(w, 32).with_order("panel", LANES),
+         "q4 g64 fp32 scales": lambda: quantize_int4(w * 1e5, 64).with_order("panel", LANES),
+         "q8 g32 asymmetric": lambda: quantize_int8(w, 32).with_order("panel", Q8_LANES),
+         "q8 g16 symmetric": lambda: symmetric(quantize_int8(w, 16)).with_order("panel", Q8_LANES)}[layout]()
+    return kernels_mod.WeightDesc.of(q), q.dequantize(), q
+
+
+def symmetric(q):
+    from dataclasses import replace
+
+    return replace(q, mins=None)
+
+
+LAYOUTS = ["q4 g32", "q4 g64 fp32 scales", "q8 g32 asymmetric", "q8 g16 symmetric", "float32 panel"]
+
+
+def gemm(desc, x):
+    return kernel.apply(x, desc, 0)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("n", "k"), [(32, 64), (96, 576), (64, 1536), (4096, 128)])
+@pytest.mark.parametrize("m", [1, 15, 16, 17, 40, 300])
+def test_tiles_are_as_accurate_as_the_float32_gemm(on_tiles, layout, n, k, m):
+    """Against float64: within float32's tolerance, and no further off than the AVX GEMM (products dropped
+    from the split, or summed into the large accumulator, would be ~2^8 further off). 4,096 columns span
+    several of a thread's weight groups; 300 rows several row blocks; odd panel counts a single last tile."""
+    if layout.startswith("q4") and n % (2 * LANES) == 0:
+        n += LANES  # an odd number of q4 panels: the last column pair is one tile
+    gen = torch.Generator().manual_seed(n * 7 + k + m)
+    desc, dense, _keep = held(layout, torch.randn(n, k, generator=gen))
+    x = torch.randn(m, k, generator=gen)
+    want = x.double() @ dense.double().T
+    got = gemm(desc, x).double()
+    kernel.set_amx_min_rows(0)
+    avx = gemm(desc, x).double()
+    scale = want.abs().max().item() + 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+    assert (got - want).abs().max() <= 2 * (avx - want).abs().max() + 1e-6 * scale
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_the_identity_returns_the_dequantized_weights_exactly(on_tiles, layout):
+    """x = I: each split part of a weight times 1, summed: the weight bit for bit, so no part is lost."""
+    desc, dense, _keep = held(layout, torch.randn(3 * Q8_LANES, 192, generator=torch.Generator().manual_seed(2)))
+    assert torch.equal(gemm(desc, torch.eye(192)), dense.T)
+
+
+def test_float32_weights_with_k_past_the_last_whole_tile(on_tiles):
+    """K = 80: the last k-tile holds 16 real columns, the rest zero on both sides."""
+    gen = torch.Generator().manual_seed(4)
+    w, x = torch.randn(Q8_LANES, 80, generator=gen), torch.randn(33, 80, generator=gen)
+    desc, _, _keep = held("float32 panel", w)
+    torch.testing.assert_close(gemm(desc, x).double(), x.double() @ w.double().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["q4 g32", "float32 panel"])
+def test_a_row_does_not_depend_on_its_batch_or_the_thread_count(on_tiles, layout):
+    gen = torch.Generator().manual_seed(6)
+    desc, _, _keep = held(layout, torch.randn(4 * Q8_LANES, 576, generator=gen))
+    wide = torch.randn(37, 600, generator=gen)
+    x = wide[:, 10:586]  # strided rows
+    together = gemm(desc, x)
+    for i in (0, 15, 16, 36):
+        assert torch.equal(gemm(desc, x[i:i + 1]), together[i:i + 1]), f"row {i}"
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(gemm(desc, x), together)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("m", [1, 16, 17, 33, 100])
+def test_bfloat16_weights_on_tiles_take_the_products_of_bfloat16_operands(on_tiles, m):
+    gen = torch.Generator().manual_seed(m)
+    w, x = torch.randn(3 * Q8_LANES, 576, generator=gen), torch.randn(m, 576, generator=gen)
+    t = to_bf16_panels(w, Q8_LANES)
+    want = x.bfloat16().double() @ w.bfloat16().double().T
+    got = gemm(kernels_mod.dense_desc(t, panel=True), x).double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
+
+
+def test_concurrent_callers_share_the_scratch_safely(on_tiles):
+    """ctypes releases the GIL: two threads multiplying at once must not split into each other's scratch."""
+    gen = torch.Generator().manual_seed(8)
+    cases = []
+    for n, k, m in ((Q8_LANES * 6, 576, 150), (Q8_LANES * 2, 1536, 90)):
+        desc, dense, keep = held("float32 panel", torch.randn(n, k, generator=gen))
+        x = torch.randn(m, k, generator=gen)
+        cases.append((desc, x, gemm(desc, x), keep))
+    failures = []
+
+    def worker(case):
+        desc, x, want, _ = case
+        for _ in range(20):
+            if not torch.equal(gemm(desc, x), want):
+                failures.append("mismatch")
+
+    threads = [threading.Thread(target=worker, args=(c,)) for c in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_rows_below_the_threshold_keep_the_avx_gemm():
+    """The default dispatch: fewer than AMX_MIN_ROWS rows give the AVX GEMM's result bit for bit, more the
+    tiles' (which differ from it in rounding)."""
+    gen = torch.Generator().manual_seed(9)
+    desc, _, _keep = held("q4 g32", torch.randn(2 * LANES, 576, generator=gen))
+    rows = kernels_mod.AMX_MIN_ROWS
+    x = torch.randn(rows, 576, generator=gen)
+    kernel.set_amx_min_rows(0)
+    try:
+        avx = gemm(desc, x)
+        kernel.set_amx_min_rows(1)
+        tiles = gemm(desc, x)
+    finally:
+        kernel.set_amx_min_rows(rows)
+    assert not torch.equal(avx, tiles)  # else this test could not tell the paths apart
+    assert torch.equal(gemm(desc, x[:rows - 1]), avx[:rows - 1])
+    assert torch.equal(gemm(desc, x), tiles)
+
+
+def test_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("TGI_LLM_AMX", "0")
+    monkeypatch.setattr(kernels_mod, "_kernels", None)
+    monkeypatch.setattr(kernels_mod, "_tried", False)
+    try:
+        other = kernels_mod.quant_kernels()
+        assert other is not None and not other.amx
+    finally:
+        kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS)  # the library, and so the setting, is process-wide
