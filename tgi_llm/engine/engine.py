@@ -199,6 +199,8 @@ class Engine:
         decodes = sum(1 for s in plan.seqs if s.is_decode)
         chunks = [(s.start, s.num_tokens) for s in plan.seqs if not s.is_decode]
         self.scheduler.pacer.observe(plan.num_tokens, decodes, t3 - t0, chunks)
+        # tools/pacer_replay.py reads these lines (LOG_LEVEL=debug) to judge the pacer on served steps.
+        logger.debug("step: %d tokens, %d decodes, %.4f s, chunks %s", plan.num_tokens, decodes, t3 - t0, chunks)
         self._update_batch_gauges()
         self._record(plan, decodes, t1 - t0, t3 - t2, t2 - t1)
 
