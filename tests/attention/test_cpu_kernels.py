@@ -220,6 +220,30 @@ def test_bf16_prefill_is_attention_over_bf16_operands(heads, kv_heads, dim, bloc
         assert (out[rows] - causal_reference(q[rows], k, v, dim**-0.5)).abs().max() > 1e-5  # it did round
 
 
+@pytest.mark.skipif(kernel is None or not kernel.amx, reason="no AMX-BF16 tiles on this CPU")
+def test_bf16_prefill_on_amx_tiles_matches_the_avx512_bf16_kernel():
+    """Where AMX serves the bfloat16 prefill: 300 new tokens after 40 cached (ten 32-key blocks, a partial
+    last one, maxima that move) give bfloat16 attention as accurate as the AVX512-BF16 kernel's (the two
+    round the softmax weights under different running maxima, so they differ by that rounding), and
+    TGI_LLM_AMX's switch (set_amx_prefill) really selects the other kernel."""
+    gen = torch.Generator().manual_seed(9)
+    heads, kv_heads, dim = 9, 3, 64
+    k, v = (torch.randn(340, kv_heads, dim, generator=gen) for _ in range(2))
+    q = torch.randn(300, heads, dim, generator=gen) * 2
+    k_cache, v_cache, tables = paged([(k, v)], kv_heads, dim, 16, gen)
+    want = causal_reference(bf16(q * 0.125), bf16(k), bf16(v), 1.0)
+    errors = []
+    for on in (1, 0):
+        kernel._lib.set_amx_prefill(on)
+        out = torch.empty_like(q)
+        kernel.prefill(q, out, k_cache, v_cache, tables, [PrefillSequence(0, 300, 340, 0)], 0.125, bf16=True)
+        errors.append((out - want).abs().max().item())
+    kernel._lib.set_amx_prefill(1)
+    assert errors[0] < 1e-2 and errors[1] < 1e-2
+    assert errors[0] != errors[1]  # two kernels
+    assert errors[0] < 2 * errors[1]
+
+
 def test_bf16_prefill_is_refused_where_the_cpu_lacks_it(monkeypatch):
     monkeypatch.setattr(kernel, "_prefill_bf16", None)
     q = torch.zeros(2, 2, 16)

@@ -34,12 +34,13 @@ from pathlib import Path
 
 import torch
 
+from tgi_llm.native_amx import AMX_C
 from tgi_llm.native_build import build_library
 from tgi_llm.native_vectors import VECTORS_C
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = VECTORS_C + r"""
+_SOURCE = VECTORS_C + AMX_C + r"""
 #include <math.h>
 #include <stdlib.h>
 
@@ -404,6 +405,7 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
                       int64_t BS, float scale, int nthreads) {
+
     const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D; /* MT: tokens per tile (G <= MAXQ) */
     int64_t items = 0;
     for (int64_t s = 0; s < S; s++) items += Hkv * ceil_div(qlen[s], MT);
@@ -634,8 +636,202 @@ int paged_prefill_bf16(const float* q, int64_t qs, float* out, const float* kc, 
     free(vbuf);
     return failed ? -1 : 0;
 }
+
+/* ---- prefill with bfloat16 products on AMX tiles ----
+   Where the CPU has AMX-BF16, the same work items with both products on the tile unit (TDPBF16PS: a
+   16 x 32 by 32 x 16 bfloat16 product into 16 x 16 float32 sums), in the transposed shapes the kernel above
+   already keeps its rows in: S^T = K . Q^T (A: 16 keys' rows as they are, B: the item's queries as dim
+   pairs, qt [D / 2][rows]; out: scores [keys][rows], pt's layout), the same lane-wise online softmax over
+   32 keys, then O^T += V^T . P^T (A: 16 dims of V^T over 32 keys, B: the weights of key pairs, pp
+   [keys / 2][rows]), O^T [D][rows] kept in memory and rescaled lane-wise when a row's max moves. Each call
+   rounds its sequences' K rows and V^T to bfloat16 once, keys padded with zeros to 32. Same products,
+   float32 sums (in another order), same softmax as paged_prefill_bf16. */
+#ifdef HAVE_AMX
+#define AKT 32 /* keys per block */
+
+static int amx_on = 1; /* set_amx_prefill: TGI_LLM_AMX */
+int has_amx_prefill(void) { return amx_granted(); }
+void set_amx_prefill(int on) { amx_on = on; }
+
+/* keys j0 .. j0 + n - 1 of KV head h (n <= AKT): K rows into kb ([AKT][D] bfloat16), V transposed into vt
+   ([D][kpad] bfloat16, columns j0 ..); keys past n zero */
+static void convert_kv_block_amx(const float* kc, const float* vc, const int32_t* table, const int64_t BS,
+                                 const int64_t tok, const int64_t h, const int64_t D, const int64_t j0,
+                                 const int64_t n, const int64_t kpad, uint16_t* restrict kb, uint16_t* restrict vt) {
+    for (int64_t t = 0; t < AKT; t++) {
+        if (t < n) bf16_row(key_row(kc, table, j0 + t, BS, tok) + h * D, 1.f, D, kb + t * D);
+        else memset(kb + t * D, 0, D * sizeof(uint16_t));
+    }
+    uint16_t col[AKT][256];
+    for (int64_t t = 0; t < AKT; t++) {
+        if (t < n) bf16_row(key_row(vc, table, j0 + t, BS, tok) + h * D, 1.f, D, col[t]);
+        else memset(col[t], 0, D * sizeof(uint16_t));
+    }
+    for (int64_t d = 0; d < D; d++)
+        for (int64_t t = 0; t < AKT; t++) vt[d * kpad + j0 + t] = col[t][d];
+}
+
+static void amx_softmax(float* restrict pt, const int64_t NRV, const int64_t NR, const int masked,
+                        const int64_t j0, const VI* lastv, V* mx, V* l, float* restrict acc, const int64_t D) {
+    /* tile_softmax over AKT keys, with the output O^T ([D][NRV]) rescaled lane-wise */
+    for (int64_t n = 0; n < NR; n++) {
+        float* p = pt + n * VL;
+        if (masked)
+            for (int64_t t = 0; t < AKT; t++) {
+                const VI future = ((VI){0} + (int32_t)(j0 + t)) > lastv[n];
+                vst(p + t * NRV, vblend(future, vset1(-INFINITY), vld(p + t * NRV)));
+            }
+        V tmax = vld(p);
+        for (int64_t t = 1; t < AKT; t++) tmax = vmax(tmax, vld(p + t * NRV));
+        const VI up = tmax > mx[n] + vset1(RESCALE_MARGIN);
+        if (vany(up)) {
+            const V moved = vblend(up, tmax, mx[n]);
+            const V corr = vblend(mx[n] > vset1(-INFINITY), vexp(mx[n] - moved), vzero());
+            l[n] = vmul(l[n], corr);
+            for (int64_t d = 0; d < D; d++) vst(acc + d * NRV + n * VL, vmul(vld(acc + d * NRV + n * VL), corr));
+            mx[n] = moved;
+        }
+        const V mb = mx[n];
+        V sum = l[n];
+        for (int64_t t = 0; t < AKT; t++) {
+            const V x = vld(p + t * NRV);
+            const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero());
+            vst(p + t * NRV, e);
+            sum = vadd(sum, e);
+        }
+        l[n] = sum;
+    }
+}
+
+static void prefill_item_amx(const float* restrict q, const int64_t qs, float* restrict out,
+                             const uint16_t* restrict kb, const uint16_t* restrict vt, const int64_t kpad,
+                             const int64_t h, const int64_t G, const int64_t Hq, const int64_t D, const int64_t i0,
+                             const int64_t m, const int64_t off, const float scale, uint32_t* restrict qt,
+                             float* restrict acc, float* restrict pt, uint32_t* restrict pp) {
+    /* prefill_item_bf16 on tiles: kb [kpad][D] and vt [D][kpad] of head h; acc is O^T [D][NRV] */
+    const int64_t NQ = m * G, NR = ceil_div(NQ, VL), NRV = NR * VL, end = off + i0 + m, D2 = D / 2;
+    uint32_t row[128];
+    for (int64_t r = 0; r < NRV; r++) {
+        if (r < NQ) bf16_row(q + (i0 + r / G) * qs + (h * G + r % G) * D, scale, D, (uint16_t*)row);
+        else memset(row, 0, D * sizeof(uint16_t));
+        for (int64_t d = 0; d < D2; d++) qt[d * NRV + r] = row[d];
+    }
+    V mx[MAXQ / VL], l[MAXQ / VL];
+    VI lastv[MAXQ / VL];
+    init_rows(lastv, mx, l, acc, NR, NQ, G, off + i0, end, D); /* acc: D x NRV floats either way */
+    for (int64_t j0 = 0; j0 < end; j0 += AKT) {
+        for (int64_t n = 0; n < NR; n++)
+            for (int64_t half = 0; half < AKT / 16; half++) { /* S^T [16 keys][16 rows] = K . Q^T over D */
+                _tile_zero(0);
+                for (int64_t d0 = 0; d0 < D; d0 += 32) {
+                    _tile_loadd(1, kb + (j0 + half * 16) * D + d0, D * 2);
+                    _tile_loadd(2, qt + d0 / 2 * NRV + n * VL, NRV * 4);
+                    _tile_dpbf16ps(0, 1, 2);
+                }
+                _tile_stored(0, pt + half * 16 * NRV + n * VL, NRV * 4);
+            }
+        amx_softmax(pt, NRV, NR, j0 + AKT - 1 > off + i0, j0, lastv, mx, l, acc, D);
+        for (int64_t t = 0; t < AKT / 2; t++) /* the weights of key pairs */
+            for (int64_t n = 0; n < NR; n++)
+                _mm512_storeu_si512(pp + t * NRV + n * VL, bf16_interleave(vld(pt + 2 * t * NRV + n * VL),
+                                                                           vld(pt + (2 * t + 1) * NRV + n * VL)));
+        for (int64_t n = 0; n < NR; n++) { /* O^T [16 dims][16 rows] += V^T . P^T */
+            _tile_loadd(2, pp + n * VL, NRV * 4);
+            for (int64_t d0 = 0; d0 < D; d0 += 16) {
+                _tile_loadd(0, acc + d0 * NRV + n * VL, NRV * 4);
+                _tile_loadd(1, vt + d0 * kpad + j0, kpad * 2);
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_stored(0, acc + d0 * NRV + n * VL, NRV * 4);
+            }
+        }
+    }
+    float lsum[MAXQ];
+    for (int64_t n = 0; n < NR; n++) vst(lsum + n * VL, l[n]);
+    for (int64_t r = 0; r < NQ; r++) {
+        const float inv = 1.f / lsum[r];
+        float* o = out + ((i0 + r / G) * Hq + h * G + r % G) * D;
+        for (int64_t d = 0; d < D; d++) o[d] = acc[d * NRV + r] * inv;
+    }
+}
+
+/* paged_prefill_bf16 on tiles where they serve (D a multiple of 32, at most 256), else paged_prefill_bf16.
+   Returns 0, or -1 when memory for the converted K/V or a thread's scratch could not be allocated. */
+int paged_prefill_amx(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                      const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                      const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                      int64_t BS, float scale, int nthreads) {
+    if (!amx_on || !amx_granted() || D % 32 != 0 || D > 256)
+        return paged_prefill_bf16(q, qs, out, kc, vc, tables, W, trow, qstart, qlen, klen, S, Hq, Hkv, D, BS, scale,
+                                  nthreads);
+    const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D;
+    int64_t items = 0, blocks = 0, words = 0; /* words: bfloat16 values of K (and as many of V^T) */
+    for (int64_t s = 0; s < S; s++) {
+        items += Hkv * ceil_div(qlen[s], MT);
+        blocks += Hkv * ceil_div(klen[s], AKT);
+        words += Hkv * ceil_div(klen[s], AKT) * AKT * D;
+    }
+    uint16_t* kbuf = malloc(sizeof(uint16_t) * words);
+    uint16_t* vbuf = malloc(sizeof(uint16_t) * words);
+    if (kbuf == NULL || vbuf == NULL) {
+        free(kbuf);
+        free(vbuf);
+        return -1;
+    }
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < blocks; it++) {
+            int64_t rest = it, s = 0, base = 0; /* base: sequence s's first word */
+            while (rest >= Hkv * ceil_div(klen[s], AKT)) {
+                rest -= Hkv * ceil_div(klen[s], AKT);
+                base += Hkv * ceil_div(klen[s], AKT) * AKT * D;
+                s++;
+            }
+            const int64_t per_head = ceil_div(klen[s], AKT), kpad = per_head * AKT;
+            const int64_t h = rest / per_head, j0 = rest % per_head * AKT, at = base + h * kpad * D;
+            convert_kv_block_amx(kc, vc, tables + trow[s] * W, BS, tok, h, D, j0,
+                                 klen[s] - j0 < AKT ? klen[s] - j0 : AKT, kpad, kbuf + at + j0 * D, vbuf + at);
+        }
+        float* scratch = malloc(sizeof(float) * (MAXQ * D / 2 + MAXQ * D + MAXQ * AKT + MAXQ * AKT / 2));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        amx_configure();
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (scratch == NULL) continue;
+            int64_t rest = it, s = 0, base = 0;
+            while (rest >= Hkv * ceil_div(qlen[s], MT)) {
+                rest -= Hkv * ceil_div(qlen[s], MT);
+                base += Hkv * ceil_div(klen[s], AKT) * AKT * D;
+                s++;
+            }
+            const int64_t tile = ceil_div(qlen[s], MT) - 1 - rest / Hkv, h = rest % Hkv;
+            const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
+            const int64_t kpad = ceil_div(klen[s], AKT) * AKT, at = base + h * kpad * D;
+            uint32_t* qt = (uint32_t*)scratch;
+            float *acc = scratch + MAXQ * D / 2, *pt = acc + MAXQ * D;
+            uint32_t* pp = (uint32_t*)(pt + MAXQ * AKT);
+            prefill_item_amx(q + qstart[s] * qs, qs, out + qstart[s] * Hq * D, kbuf + at, vbuf + at, kpad, h, G,
+                             Hq, D, i0, m, klen[s] - qlen[s], scale, qt, acc, pt, pp);
+        }
+        _tile_release();
+        free(scratch);
+    }
+    free(kbuf);
+    free(vbuf);
+    return failed ? -1 : 0;
+}
+#else
+int has_amx_prefill(void) { return 0; }
+void set_amx_prefill(int on) { (void)on; }
+#endif
 #else
 int has_bf16_prefill(void) { return 0; }
+int has_amx_prefill(void) { return 0; }
+void set_amx_prefill(int on) { (void)on; }
 #endif
 """
 
@@ -667,8 +863,11 @@ class CpuAttentionKernels:
         #: The same with bfloat16 products, where the CPU has AVX512-BF16 (None elsewhere): same arguments.
         self._prefill_bf16 = None
         self.bf16_prefill_address: int | None = None
+        #: Whether bfloat16 prefill runs on AMX tiles (the CPU has them, TGI_LLM_AMX is not 0).
+        self.amx = bool(lib.has_amx_prefill()) and os.environ.get("TGI_LLM_AMX", "1") != "0"
+        lib.set_amx_prefill(int(self.amx))
         if lib.has_bf16_prefill():
-            self._prefill_bf16 = lib.paged_prefill_bf16
+            self._prefill_bf16 = lib.paged_prefill_amx if self.amx else lib.paged_prefill_bf16
             self._prefill_bf16.argtypes = self._prefill.argtypes
             self._prefill_bf16.restype = ctypes.c_int
             self.bf16_prefill_address = ctypes.cast(self._prefill_bf16, ctypes.c_void_p).value
