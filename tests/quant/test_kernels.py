@@ -60,6 +60,14 @@ def symmetric_q8(w: torch.Tensor, group: int, dtype: torch.dtype = torch.float16
     return QuantizedWeight("q8", codes.to(torch.int8).view(n, k), scales, None, group, k, source="Q8_0")
 
 
+@pytest.fixture
+def avx_gemms():
+    """The AVX GEMMs even where AMX tiles would take these rows (tests/quant/test_kernels_amx.py covers them)."""
+    kernel.set_amx_min_rows(0)
+    yield
+    kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS if kernel.amx else 0)
+
+
 def assert_matches_float64(fn, name, make, n, k, m):
     """`fn` (a kernel entry point) on an [m, k] input and an [n, k] weight of layout `make` against float64."""
     gen = torch.Generator().manual_seed(n * 1000 + k + m)
@@ -144,9 +152,9 @@ def test_bfloat16_weights_match_the_products_of_bfloat16_operands(n, k, m, with_
 
 
 @needs_kernel
-def test_bfloat16_without_the_bf16_instructions_gives_the_same_products():
+def test_bfloat16_without_the_bf16_instructions_gives_the_same_products(avx_gemms):
     """The library built without AVX512-BF16 (what a CPU without it runs: shifts and FMAs) against the one
-    built for this CPU, on the same bfloat16 weights."""
+    built for this CPU, on the same bfloat16 weights (its AVX-512 kernel: AMX tiles sum in another order)."""
     try:
         plain = kernels_mod.QuantKernels(build_library("quant_linear_no_bf16", kernels_mod._SOURCE,
                                                        flags=BASE_FLAGS + ("-mno-avx512bf16",)))
@@ -185,21 +193,17 @@ def panel_gemm_call(layout: str, w: torch.Tensor):
 
 @needs_kernel
 @pytest.mark.parametrize("layout", ["q4 panel", "q8 panel", "float32 panel", "bfloat16 panel"])
-def test_gemm_rows_past_one_cache_block_match_each_row_alone(layout):
+def test_gemm_rows_past_one_cache_block_match_each_row_alone(layout, avx_gemms):
     """K = 8192: a row's activations take 32 KB (16 KB as bfloat16), so 150 rows span several of the GEMM's
     row blocks (sized to half of L2: 64 rows on CPUs with up to 4 MB of it), the last one partial. Every row
     equals the same row multiplied alone, bit for bit, and the float64 reference. (On AMX CPUs 150 rows
-    would take the tiles, tests/quant/test_kernels_amx.py: off here.)"""
+    would take the tiles: `avx_gemms`.)"""
     gen = torch.Generator().manual_seed(11)
     w, x = torch.randn(2 * Q8_LANES, 8192, generator=gen), torch.randn(150, 8192, generator=gen)
     fn, held = panel_gemm_call(layout, w)
-    kernel.set_amx_min_rows(0)
-    try:
-        got = fn(x)
-        for i in (0, 63, 64, 127, 128, 149):
-            assert torch.equal(fn(x[i:i + 1]), got[i:i + 1]), f"row {i}"
-    finally:
-        kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS if kernel.amx else 0)
+    got = fn(x)
+    for i in (0, 63, 64, 127, 128, 149):
+        assert torch.equal(fn(x[i:i + 1]), got[i:i + 1]), f"row {i}"
     if layout == "bfloat16 panel":
         want = x.bfloat16().double() @ w.bfloat16().double().T
     else:

@@ -137,12 +137,18 @@ def test_concurrent_callers_share_the_scratch_safely(on_tiles):
     assert not failures
 
 
-def test_rows_below_the_threshold_keep_the_avx_gemm():
-    """The default dispatch: fewer than AMX_MIN_ROWS rows give the AVX GEMM's result bit for bit, more the
-    tiles' (which differ from it in rounding)."""
+@pytest.mark.parametrize(("layout", "rows"), [("q4 g32", kernels_mod.AMX_MIN_ROWS),
+                                              ("bfloat16 panel", kernels_mod.AMX_BF16_MIN_ROWS)])
+def test_rows_below_the_threshold_keep_the_avx_gemm(layout, rows):
+    """The default dispatch: fewer rows than the layout's threshold give the AVX GEMM's result bit for bit,
+    that many the tiles' (which differ from it in rounding)."""
     gen = torch.Generator().manual_seed(9)
-    desc, _, _keep = held("q4 g32", torch.randn(2 * LANES, 576, generator=gen))
-    rows = kernels_mod.AMX_MIN_ROWS
+    w = torch.randn(2 * Q8_LANES, 576, generator=gen)
+    if layout == "bfloat16 panel":
+        keep = to_bf16_panels(w, Q8_LANES)
+        desc = kernels_mod.dense_desc(keep, panel=True)
+    else:
+        desc, _, keep = held(layout, w)
     x = torch.randn(rows, 576, generator=gen)
     kernel.set_amx_min_rows(0)
     try:
@@ -150,7 +156,7 @@ def test_rows_below_the_threshold_keep_the_avx_gemm():
         kernel.set_amx_min_rows(1)
         tiles = gemm(desc, x)
     finally:
-        kernel.set_amx_min_rows(rows)
+        kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS)
     assert not torch.equal(avx, tiles)  # else this test could not tell the paths apart
     assert torch.equal(gemm(desc, x[:rows - 1]), avx[:rows - 1])
     assert torch.equal(gemm(desc, x), tiles)

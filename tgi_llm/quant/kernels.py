@@ -1244,17 +1244,20 @@ typedef struct {
     const float* bias; /* [N] or NULL */
 } qweight_t;
 
-/* Rows from which the panel orders' GEMMs run on the tile unit (0: never); set by QuantKernels where
-   amx_usable() */
-static int64_t amx_min_rows = 0;
-void set_amx_min_rows(int64_t rows) { amx_min_rows = amx_usable() ? rows : 0; }
+/* Rows from which the panel orders' GEMMs run on the tile unit (0: never): float32 and quantized weights
+   (split operands), bfloat16 weights (their own operand); set by QuantKernels where amx_usable() */
+static int64_t amx_min_rows = 0, amx_bf16_min_rows = 0;
+void set_amx_min_rows(int64_t rows, int64_t bf16_rows) {
+    amx_min_rows = amx_usable() ? rows : 0;
+    amx_bf16_min_rows = amx_usable() ? bf16_rows : 0;
+}
 
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                  int64_t gemm_min, int nthreads) {
     const int64_t N = w->N, K = w->K;
     if (w->kind == QW_BF16_PANEL) {
 #ifdef HAVE_AMX
-        if (!(amx_min_rows > 0 && M >= amx_min_rows && K % 32 == 0 &&
+        if (!(amx_bf16_min_rows > 0 && M >= amx_bf16_min_rows && K % 32 == 0 &&
               amx_bf16_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) == 0))
 #endif
         if (bf16_panel_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) != 0)
@@ -1296,6 +1299,9 @@ QW_Q8, QW_F32, QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL = 2, 4, 5, 6, 7
 #: Activation rows from which the panel GEMMs run on AMX tiles, where the CPU has them: below, splitting the
 #: weights into bfloat16 parts (once per call) costs more than the tiles save (docs/PERFORMANCE.md, item 34).
 AMX_MIN_ROWS = 128
+#: The same for bfloat16 weights, the tiles' own operand (nothing to split): SmolLM2's linears at 4 rows
+#: 0.38 -> 0.31 ms, at 16 rows 1.26 -> 0.32 ms; at 1-2 rows a stream of weight bytes either way (item 37).
+AMX_BF16_MIN_ROWS = 4
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -1345,7 +1351,7 @@ class QuantKernels:
         lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, ctypes.c_int]
         lib.quant_apply.restype = None
         lib.amx_usable.restype = ctypes.c_int
-        lib.set_amx_min_rows.argtypes = [i64]
+        lib.set_amx_min_rows.argtypes = [i64, i64]
         lib.set_amx_min_rows.restype = None
         #: `quant_apply`'s address, for C callers (the fused decode stack)
         self.apply_address = ctypes.cast(lib.quant_apply, ctypes.c_void_p).value
@@ -1360,9 +1366,10 @@ class QuantKernels:
         self.set_amx_min_rows(AMX_MIN_ROWS if self.amx else 0)
 
     def set_amx_min_rows(self, rows: int) -> None:
-        """From how many activation rows the panel GEMMs take the tile unit (0: never); a no-op without AMX.
-        Process-wide: the tests force it to 1 to run small shapes there."""
-        self._lib.set_amx_min_rows(rows)
+        """From how many activation rows the panel GEMMs take the tile unit (0: never; bfloat16 weights from
+        min(rows, AMX_BF16_MIN_ROWS)); a no-op without AMX. Process-wide: the tests force 1 to run small
+        shapes there."""
+        self._lib.set_amx_min_rows(rows, min(rows, AMX_BF16_MIN_ROWS))
 
     def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int, out: torch.Tensor | None = None
               ) -> torch.Tensor:
@@ -1460,7 +1467,8 @@ def quant_kernels() -> QuantKernels | None:
                         _self_check_amx(kernels)
                     _kernels = kernels
                     logger.info("quantized linears: C kernels (pid %d)%s", os.getpid(),
-                                f", AMX tiles from {AMX_MIN_ROWS} rows" if kernels.amx else "")
+                                f", AMX tiles from {AMX_MIN_ROWS} rows ({AMX_BF16_MIN_ROWS} for bfloat16 weights)"
+                                if kernels.amx else "")
                 except Exception as exc:  # an optional fast path: whatever went wrong, serve with torch
                     logger.warning("quantized linears: torch path, the C kernels are unavailable (pid %d): %s",
                                    os.getpid(), exc)
