@@ -565,78 +565,6 @@ static void prefill_item_bf16(const float* restrict q, const int64_t qs, float* 
     write_rows(out, acc, l, NR, NQ, i0, G, Hq, h, D);
 }
 
-/* paged_prefill_f32's arguments and work items. Returns 0, or -1 when memory for the bfloat16 K/V or a
-   thread's scratch could not be allocated. */
-int paged_prefill_bf16(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
-                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
-                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                       int64_t BS, float scale, int nthreads) {
-    const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D;
-    int64_t items = 0, tiles = 0, words = 0; /* words: bfloat16 values of K (and as many of V) */
-    for (int64_t s = 0; s < S; s++) {
-        items += Hkv * ceil_div(qlen[s], MT);
-        tiles += Hkv * ceil_div(klen[s], KT);
-        words += Hkv * ceil_div(klen[s], KT) * KT * D;
-    }
-    uint16_t* kbuf = malloc(sizeof(uint16_t) * words);
-    uint32_t* vbuf = malloc(sizeof(uint16_t) * words);
-    if (kbuf == NULL || vbuf == NULL) {
-        free(kbuf);
-        free(vbuf);
-        return -1;
-    }
-    int failed = 0;
-#pragma omp parallel num_threads(nthreads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t it = 0; it < tiles; it++) {
-            int64_t rest = it, s = 0, base = 0; /* base: sequence s's first word */
-            while (rest >= Hkv * ceil_div(klen[s], KT)) {
-                rest -= Hkv * ceil_div(klen[s], KT);
-                base += Hkv * ceil_div(klen[s], KT) * KT * D;
-                s++;
-            }
-            const int64_t per_head = ceil_div(klen[s], KT), h = rest / per_head, j0 = rest % per_head * KT;
-            const int64_t at = base + (h * per_head * KT + j0) * D;
-            convert_kv_tile(kc, vc, tables + trow[s] * W, BS, tok, h, D, j0, klen[s] - j0 < KT ? klen[s] - j0 : KT,
-                            kbuf + at, vbuf + at / 2);
-        }
-        float* scratch = malloc(sizeof(float) * (MAXQ * D / 2 + MAXQ * D + MAXQ * KT + MAXQ * KT / 2));
-        if (scratch == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
-            if (scratch == NULL) continue;
-            int64_t rest = it, s = 0, base = 0;
-            while (rest >= Hkv * ceil_div(qlen[s], MT)) {
-                rest -= Hkv * ceil_div(qlen[s], MT);
-                base += Hkv * ceil_div(klen[s], KT) * KT * D;
-                s++;
-            }
-            const int64_t tile = ceil_div(qlen[s], MT) - 1 - rest / Hkv, h = rest % Hkv;
-            const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
-            const int64_t at = base + h * ceil_div(klen[s], KT) * KT * D;
-            uint32_t* qt = (uint32_t*)scratch;
-            float *acc = scratch + MAXQ * D / 2, *pt = acc + MAXQ * D;
-            uint32_t* pp = (uint32_t*)(pt + MAXQ * KT);
-            const float* qq = q + qstart[s] * qs;
-            float* oo = out + qstart[s] * Hq * D;
-            if (D == 64)
-                prefill_item_bf16(qq, qs, oo, kbuf + at, vbuf + at / 2, h, G, Hq, 64, i0, m, klen[s] - qlen[s],
-                                  scale, qt, acc, pt, pp);
-            else
-                prefill_item_bf16(qq, qs, oo, kbuf + at, vbuf + at / 2, h, G, Hq, D, i0, m, klen[s] - qlen[s],
-                                  scale, qt, acc, pt, pp);
-        }
-        free(scratch);
-    }
-    free(kbuf);
-    free(vbuf);
-    return failed ? -1 : 0;
-}
-
 /* ---- prefill with bfloat16 products on AMX tiles ----
    Where the CPU has AMX-BF16, the same work items with both products on the tile unit (TDPBF16PS: a
    16 x 32 by 32 x 16 bfloat16 product into 16 x 16 float32 sums), in the transposed shapes the kernel above
@@ -753,22 +681,30 @@ static void prefill_item_amx(const float* restrict q, const int64_t qs, float* r
         for (int64_t d = 0; d < D; d++) o[d] = acc[d * NRV + r] * inv;
     }
 }
+#else
+int has_amx_prefill(void) { return 0; }
+void set_amx_prefill(int on) { (void)on; }
+#endif
 
-/* paged_prefill_bf16 on tiles where they serve (D a multiple of 32, at most 256), else paged_prefill_bf16.
-   Returns 0, or -1 when memory for the converted K/V or a thread's scratch could not be allocated. */
-int paged_prefill_amx(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
-                      const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
-                      const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                      int64_t BS, float scale, int nthreads) {
-    if (!amx_on || !amx_granted() || D % 32 != 0 || D > 256)
-        return paged_prefill_bf16(q, qs, out, kc, vc, tables, W, trow, qstart, qlen, klen, S, Hq, Hkv, D, BS, scale,
-                                  nthreads);
+/* The work items of paged_prefill_f32 with bfloat16 products: on AMX tiles (`amx`, keys in blocks of AKT,
+   V^T) or AVX512-BF16 (KT, V as key pairs). Each call rounds its sequences' K and V to bfloat16 once, for
+   all the query tiles that read them. Returns 0, or -1 when memory for them or a thread's scratch could
+   not be allocated. */
+static int bf16_prefill_run(const int amx, const float* q, int64_t qs, float* out, const float* kc,
+                            const float* vc, const int32_t* tables, int64_t W, const int64_t* trow,
+                            const int64_t* qstart, const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq,
+                            int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads) {
+#ifdef HAVE_AMX
+    const int64_t kt = amx ? AKT : KT;
+#else
+    const int64_t kt = KT;
+#endif
     const int64_t G = Hq / Hkv, MT = MAXQ / G, tok = Hkv * D;
-    int64_t items = 0, blocks = 0, words = 0; /* words: bfloat16 values of K (and as many of V^T) */
+    int64_t items = 0, blocks = 0, words = 0; /* words: bfloat16 values of K (and as many of V) */
     for (int64_t s = 0; s < S; s++) {
         items += Hkv * ceil_div(qlen[s], MT);
-        blocks += Hkv * ceil_div(klen[s], AKT);
-        words += Hkv * ceil_div(klen[s], AKT) * AKT * D;
+        blocks += Hkv * ceil_div(klen[s], kt);
+        words += Hkv * ceil_div(klen[s], kt) * kt * D;
     }
     uint16_t* kbuf = malloc(sizeof(uint16_t) * words);
     uint16_t* vbuf = malloc(sizeof(uint16_t) * words);
@@ -783,51 +719,94 @@ int paged_prefill_amx(const float* q, int64_t qs, float* out, const float* kc, c
 #pragma omp for schedule(static)
         for (int64_t it = 0; it < blocks; it++) {
             int64_t rest = it, s = 0, base = 0; /* base: sequence s's first word */
-            while (rest >= Hkv * ceil_div(klen[s], AKT)) {
-                rest -= Hkv * ceil_div(klen[s], AKT);
-                base += Hkv * ceil_div(klen[s], AKT) * AKT * D;
+            while (rest >= Hkv * ceil_div(klen[s], kt)) {
+                rest -= Hkv * ceil_div(klen[s], kt);
+                base += Hkv * ceil_div(klen[s], kt) * kt * D;
                 s++;
             }
-            const int64_t per_head = ceil_div(klen[s], AKT), kpad = per_head * AKT;
-            const int64_t h = rest / per_head, j0 = rest % per_head * AKT, at = base + h * kpad * D;
-            convert_kv_block_amx(kc, vc, tables + trow[s] * W, BS, tok, h, D, j0,
-                                 klen[s] - j0 < AKT ? klen[s] - j0 : AKT, kpad, kbuf + at + j0 * D, vbuf + at);
+            const int64_t per_head = ceil_div(klen[s], kt), kpad = per_head * kt;
+            const int64_t h = rest / per_head, j0 = rest % per_head * kt, head = base + h * kpad * D;
+            const int64_t n = klen[s] - j0 < kt ? klen[s] - j0 : kt;
+            const int32_t* table = tables + trow[s] * W;
+#ifdef HAVE_AMX
+            if (amx) {
+                convert_kv_block_amx(kc, vc, table, BS, tok, h, D, j0, n, kpad, kbuf + head + j0 * D, vbuf + head);
+                continue;
+            }
+#endif
+            convert_kv_tile(kc, vc, table, BS, tok, h, D, j0, n, kbuf + head + j0 * D,
+                            (uint32_t*)vbuf + (head + j0 * D) / 2);
         }
-        float* scratch = malloc(sizeof(float) * (MAXQ * D / 2 + MAXQ * D + MAXQ * AKT + MAXQ * AKT / 2));
+        float* scratch = malloc(sizeof(float) * (MAXQ * D / 2 + MAXQ * D + MAXQ * kt + MAXQ * kt / 2));
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
-        amx_configure();
+#ifdef HAVE_AMX
+        if (amx) amx_configure();
+#endif
 #pragma omp for schedule(dynamic, 1)
         for (int64_t it = 0; it < items; it++) {
             if (scratch == NULL) continue;
             int64_t rest = it, s = 0, base = 0;
             while (rest >= Hkv * ceil_div(qlen[s], MT)) {
                 rest -= Hkv * ceil_div(qlen[s], MT);
-                base += Hkv * ceil_div(klen[s], AKT) * AKT * D;
+                base += Hkv * ceil_div(klen[s], kt) * kt * D;
                 s++;
             }
             const int64_t tile = ceil_div(qlen[s], MT) - 1 - rest / Hkv, h = rest % Hkv;
             const int64_t i0 = tile * MT, m = qlen[s] - i0 < MT ? qlen[s] - i0 : MT;
-            const int64_t kpad = ceil_div(klen[s], AKT) * AKT, at = base + h * kpad * D;
+            const int64_t kpad = ceil_div(klen[s], kt) * kt, head = base + h * kpad * D, off = klen[s] - qlen[s];
             uint32_t* qt = (uint32_t*)scratch;
             float *acc = scratch + MAXQ * D / 2, *pt = acc + MAXQ * D;
-            uint32_t* pp = (uint32_t*)(pt + MAXQ * AKT);
-            prefill_item_amx(q + qstart[s] * qs, qs, out + qstart[s] * Hq * D, kbuf + at, vbuf + at, kpad, h, G,
-                             Hq, D, i0, m, klen[s] - qlen[s], scale, qt, acc, pt, pp);
+            uint32_t* pp = (uint32_t*)(pt + MAXQ * kt);
+            const float* qq = q + qstart[s] * qs;
+            float* oo = out + qstart[s] * Hq * D;
+#ifdef HAVE_AMX
+            if (amx) {
+                prefill_item_amx(qq, qs, oo, kbuf + head, vbuf + head, kpad, h, G, Hq, D, i0, m, off, scale, qt, acc,
+                                 pt, pp);
+                continue;
+            }
+#endif
+            const uint32_t* vp = (const uint32_t*)vbuf + head / 2;
+            if (D == 64)
+                prefill_item_bf16(qq, qs, oo, kbuf + head, vp, h, G, Hq, 64, i0, m, off, scale, qt, acc, pt, pp);
+            else
+                prefill_item_bf16(qq, qs, oo, kbuf + head, vp, h, G, Hq, D, i0, m, off, scale, qt, acc, pt, pp);
         }
-        _tile_release();
+#ifdef HAVE_AMX
+        if (amx) _tile_release();
+#endif
         free(scratch);
     }
     free(kbuf);
     free(vbuf);
     return failed ? -1 : 0;
 }
+
+/* paged_prefill_f32's arguments: with bfloat16 products through AVX512-BF16 */
+int paged_prefill_bf16(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                       int64_t BS, float scale, int nthreads) {
+    return bf16_prefill_run(0, q, qs, out, kc, vc, tables, W, trow, qstart, qlen, klen, S, Hq, Hkv, D, BS, scale,
+                            nthreads);
+}
+
+/* the same on AMX tiles where they serve (D a multiple of 32, at most 256), else through AVX512-BF16 */
+int paged_prefill_amx(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                      const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                      const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                      int64_t BS, float scale, int nthreads) {
+#ifdef HAVE_AMX
+    const int amx = amx_on && amx_granted() && D % 32 == 0 && D <= 256;
 #else
-int has_amx_prefill(void) { return 0; }
-void set_amx_prefill(int on) { (void)on; }
+    const int amx = 0;
 #endif
+    return bf16_prefill_run(amx, q, qs, out, kc, vc, tables, W, trow, qstart, qlen, klen, S, Hq, Hkv, D, BS, scale,
+                            nthreads);
+}
 #else
 int has_bf16_prefill(void) { return 0; }
 int has_amx_prefill(void) { return 0; }
