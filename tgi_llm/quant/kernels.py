@@ -1034,30 +1034,39 @@ static int split_panel(const float* w, const int64_t k0, const int64_t kc, const
     return _mm512_test_epi32_mask(any, any) != 0;
 }
 
-/* Tiles: 0, 1 the x0w0 sums of two column tiles, 2, 3 the smaller products' (a separate sum, so adding them
-   costs the large one no roundings: its error stays the float32 GEMM's), 4-6 the row tile's three parts, 7
-   one weight part at a time. */
-#define AMX_PRODUCTS(big, small, b, third)                                                \
-    do {                                                                                  \
-        _tile_loadd(7, (b), 64);                                                          \
-        _tile_dpbf16ps(big, 4, 7); _tile_dpbf16ps(small, 5, 7); _tile_dpbf16ps(small, 6, 7); \
-        _tile_loadd(7, (b) + PART_STRIDE, 64);                                            \
-        _tile_dpbf16ps(small, 4, 7); _tile_dpbf16ps(small, 5, 7);                         \
-        if (third) { _tile_loadd(7, (b) + 2 * PART_STRIDE, 64); _tile_dpbf16ps(small, 4, 7); } \
-    } while (0)
-
-/* y[0:rows][0:16 (two: 32)] = the split product of one row tile and one or two column tiles */
+/* Tiles: 0, 1 the x0w0 sums of two column tiles; 2, 3 the smaller products' (a separate sum, so adding them
+   costs the large one no roundings: its error stays the float32 GEMM's); 4, 5 two parts of the row tile;
+   6, 7 one weight part of each column tile. Each small sum takes four products per k-block, one after the
+   other: the two column tiles' products alternate so one waits out the other's latency, not its own. */
 static void amx_tile_pair(const uint16_t* A, const uint16_t* B0, const uint16_t* B1, const int64_t Kb,
-                          const int third0, const int third1, float* y, const int64_t ldy, const int64_t rows,
-                          const int two) {
+                          const int third, float* y, const int64_t ldy, const int64_t rows, const int two) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t kb = 0; kb < Kb; kb++) {
-        const uint16_t* a = A + kb * BLOCK_ELEMS;
-        _tile_loadd(4, a, 64);
-        _tile_loadd(5, a + PART_STRIDE, 64);
-        _tile_loadd(6, a + 2 * PART_STRIDE, 64);
-        AMX_PRODUCTS(0, 2, B0 + kb * BLOCK_ELEMS, third0);
-        if (two) AMX_PRODUCTS(1, 3, B1 + kb * BLOCK_ELEMS, third1);
+        const uint16_t *a = A + kb * BLOCK_ELEMS, *b0 = B0 + kb * BLOCK_ELEMS, *b1 = B1 + kb * BLOCK_ELEMS;
+        _tile_loadd(4, a, 64);                                   /* x0 */
+        _tile_loadd(5, a + PART_STRIDE, 64);                     /* x1 */
+        _tile_loadd(6, b0, 64);                                  /* w0 */
+        if (two) _tile_loadd(7, b1, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        if (two) _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(4, a + 2 * PART_STRIDE, 64);                 /* x2 */
+        _tile_dpbf16ps(2, 4, 6);
+        if (two) _tile_dpbf16ps(3, 4, 7);
+        _tile_loadd(6, b0 + PART_STRIDE, 64);                    /* w1 */
+        if (two) _tile_loadd(7, b1 + PART_STRIDE, 64);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two) _tile_dpbf16ps(3, 5, 7);
+        _tile_loadd(4, a, 64);                                   /* x0 again */
+        _tile_dpbf16ps(2, 4, 6);
+        if (two) _tile_dpbf16ps(3, 4, 7);
+        if (third) {                                             /* w2, where nonzero */
+            _tile_loadd(6, b0 + 2 * PART_STRIDE, 64);
+            if (two) _tile_loadd(7, b1 + 2 * PART_STRIDE, 64);
+            _tile_dpbf16ps(2, 4, 6);
+            if (two) _tile_dpbf16ps(3, 4, 7);
+        }
     }
     float c[4][16 * 16] __attribute__((aligned(64)));
     _tile_stored(0, c[0], 64);
@@ -1068,7 +1077,6 @@ static void amx_tile_pair(const uint16_t* A, const uint16_t* B0, const uint16_t*
             _mm512_storeu_ps(y + r * ldy + h * 16, _mm512_add_ps(_mm512_load_ps(c[h] + r * 16),
                                                                   _mm512_load_ps(c[2 + h] + r * 16)));
 }
-#undef AMX_PRODUCTS
 
 static pthread_mutex_t amx_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint16_t* amx_scratch;
@@ -1155,7 +1163,7 @@ static int amx_panel_gemm(int kind, const void* codes, const void* scales, const
                     for (int64_t mt = mb; mt < mb1; mt++) {
                         const int64_t rows = M - mt * 16 < 16 ? M - mt * 16 : 16;
                         amx_tile_pair(A + mt * Kb * BLOCK_ELEMS, B0, B0 + Kb * BLOCK_ELEMS, Kb, third[pp - g0],
-                                      third[pp - g0], y + mt * 16 * ldy + 32 * pp, ldy, rows, two);
+                                      y + mt * 16 * ldy + 32 * pp, ldy, rows, two);
                     }
                 }
             }
