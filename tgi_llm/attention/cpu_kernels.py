@@ -274,37 +274,42 @@ static inline void init_rows(VI* lastv, V* mx, V* l, float* restrict acc, const 
     }
 }
 
-static inline void tile_softmax(float* restrict pt, const int64_t NRV, const int64_t NR, const int masked,
-                                const int64_t j0, const VI* lastv, V* mx, V* l, float* restrict acc, const int64_t D) {
-    /* One key tile's scores pt [KT][NRV] -> softmax numerators under the rows' running max (masked: some key
+static inline __attribute__((always_inline)) void tile_softmax(
+    float* restrict pt, const int64_t NRV, const int64_t NR, const int64_t keys, const int masked, const int64_t j0,
+    const VI* lastv, V* mx, V* l, float* restrict acc, const int64_t D, const int acc_transposed) {
+    /* One key tile's scores pt [keys][NRV] -> softmax numerators under the rows' running max (masked: some key
        of the tile is in some row's future, -inf there), the running sums l updated, acc rescaled where a
-       row's max moved */
+       row's max moved: acc is the output [NRV][D], or its transpose O^T [D][NRV] (the AMX kernel's) */
     for (int64_t n = 0; n < NR; n++) {
         float* p = pt + n * VL;
         if (masked)
-            for (int64_t t = 0; t < KT; t++) {
+            for (int64_t t = 0; t < keys; t++) {
                 const VI future = ((VI){0} + (int32_t)(j0 + t)) > lastv[n];
                 vst(p + t * NRV, vblend(future, vset1(-INFINITY), vld(p + t * NRV)));
             }
         V tmax = vld(p);
-        for (int64_t t = 1; t < KT; t++) tmax = vmax(tmax, vld(p + t * NRV));
+        for (int64_t t = 1; t < keys; t++) tmax = vmax(tmax, vld(p + t * NRV));
         const VI up = tmax > mx[n] + vset1(RESCALE_MARGIN);
         if (vany(up)) { /* rescale what was summed under the old max, in the rows whose max moves */
             const V moved = vblend(up, tmax, mx[n]);
             const V corr = vblend(mx[n] > vset1(-INFINITY), vexp(mx[n] - moved), vzero());
-            float c[VL];
-            vst(c, corr);
             l[n] = vmul(l[n], corr);
-            for (int64_t i = 0; i < VL; i++)
-                if (c[i] != 1.f) {
-                    float* a = acc + (n * VL + i) * D;
-                    for (int64_t d = 0; d < D; d += VL) vst(a + d, vmul(vld(a + d), vset1(c[i])));
-                }
+            if (acc_transposed)
+                for (int64_t d = 0; d < D; d++) vst(acc + d * NRV + n * VL, vmul(vld(acc + d * NRV + n * VL), corr));
+            else {
+                float c[VL];
+                vst(c, corr);
+                for (int64_t i = 0; i < VL; i++)
+                    if (c[i] != 1.f) {
+                        float* a = acc + (n * VL + i) * D;
+                        for (int64_t d = 0; d < D; d += VL) vst(a + d, vmul(vld(a + d), vset1(c[i])));
+                    }
+            }
             mx[n] = moved;
         }
         const V mb = mx[n];
         V sum = l[n];
-        for (int64_t t = 0; t < KT; t++) {
+        for (int64_t t = 0; t < keys; t++) {
             const V x = vld(p + t * NRV);
             const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero()); /* masked keys weigh 0 */
             vst(p + t * NRV, e);
@@ -367,7 +372,7 @@ static void prefill_item(const float* restrict q, const int64_t qs, float* restr
                 else
                     score_block(qt, NRV, krow + t0, D, pt + t0 * NRV, n0, 1);
             }
-        tile_softmax(pt, NRV, NR, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D);
+        tile_softmax(pt, NRV, NR, KT, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D, 0);
         for (int64_t r0 = 0; r0 < NRV; r0 += RP) {
             int64_t c0 = 0;
             for (; c0 + CB * VL <= D; c0 += CB * VL) {
@@ -528,7 +533,7 @@ static void prefill_item_bf16(const float* restrict q, const int64_t qs, float* 
                 else if (R == 2) score_block_bf16(qt, NRV, krow + t0, D2, pt + t0 * NRV, n0, 2);
                 else score_block_bf16(qt, NRV, krow + t0, D2, pt + t0 * NRV, n0, 1);
             }
-        tile_softmax(pt, NRV, NR, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D);
+        tile_softmax(pt, NRV, NR, KT, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D, 0);
         for (int64_t t = 0; t < np; t++) /* the weights of key pairs, as vdpbf16ps reads them */
             for (int64_t n = 0; n < NR; n++)
                 _mm512_storeu_si512(pp + t * NRV + n * VL, bf16_interleave(vld(pt + 2 * t * NRV + n * VL),
@@ -599,38 +604,6 @@ static void convert_kv_block_amx(const float* kc, const float* vc, const int32_t
         for (int64_t t = 0; t < AKT; t++) vt[d * kpad + j0 + t] = col[t][d];
 }
 
-static void amx_softmax(float* restrict pt, const int64_t NRV, const int64_t NR, const int masked,
-                        const int64_t j0, const VI* lastv, V* mx, V* l, float* restrict acc, const int64_t D) {
-    /* tile_softmax over AKT keys, with the output O^T ([D][NRV]) rescaled lane-wise */
-    for (int64_t n = 0; n < NR; n++) {
-        float* p = pt + n * VL;
-        if (masked)
-            for (int64_t t = 0; t < AKT; t++) {
-                const VI future = ((VI){0} + (int32_t)(j0 + t)) > lastv[n];
-                vst(p + t * NRV, vblend(future, vset1(-INFINITY), vld(p + t * NRV)));
-            }
-        V tmax = vld(p);
-        for (int64_t t = 1; t < AKT; t++) tmax = vmax(tmax, vld(p + t * NRV));
-        const VI up = tmax > mx[n] + vset1(RESCALE_MARGIN);
-        if (vany(up)) {
-            const V moved = vblend(up, tmax, mx[n]);
-            const V corr = vblend(mx[n] > vset1(-INFINITY), vexp(mx[n] - moved), vzero());
-            l[n] = vmul(l[n], corr);
-            for (int64_t d = 0; d < D; d++) vst(acc + d * NRV + n * VL, vmul(vld(acc + d * NRV + n * VL), corr));
-            mx[n] = moved;
-        }
-        const V mb = mx[n];
-        V sum = l[n];
-        for (int64_t t = 0; t < AKT; t++) {
-            const V x = vld(p + t * NRV);
-            const V e = vblend(x > vset1(-INFINITY), vexp(x - mb), vzero());
-            vst(p + t * NRV, e);
-            sum = vadd(sum, e);
-        }
-        l[n] = sum;
-    }
-}
-
 static void prefill_item_amx(const float* restrict q, const int64_t qs, float* restrict out,
                              const uint16_t* restrict kb, const uint16_t* restrict vt, const int64_t kpad,
                              const int64_t h, const int64_t G, const int64_t Hq, const int64_t D, const int64_t i0,
@@ -658,7 +631,7 @@ static void prefill_item_amx(const float* restrict q, const int64_t qs, float* r
                 }
                 _tile_stored(0, pt + half * 16 * NRV + n * VL, NRV * 4);
             }
-        amx_softmax(pt, NRV, NR, j0 + AKT - 1 > off + i0, j0, lastv, mx, l, acc, D);
+        tile_softmax(pt, NRV, NR, AKT, j0 + AKT - 1 > off + i0, j0, lastv, mx, l, acc, D, 1);
         for (int64_t t = 0; t < AKT / 2; t++) /* the weights of key pairs */
             for (int64_t n = 0; n < NR; n++)
                 _mm512_storeu_si512(pp + t * NRV + n * VL, bf16_interleave(vld(pt + 2 * t * NRV + n * VL),
