@@ -958,8 +958,9 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
    kept are those at or above float32's rounding: x0w0, x0w1, x1w0, x1w1, x2w0, and x0w2 where w2 is not
    zero. Each is exact in float32 and the tile unit adds it with float32 rounding, so a result differs from
    the float32 GEMM's by about the same rounding as two float32 summation orders differ (the dropped
-   products are below 2^-24 of |x w|). Five or six tile products per 16 x 16 x 32 block are still ~2.5-3x
-   the AVX-512 GEMM's rate.
+   products are below 2^-24 of |x w|). Five or six tile products per 16 x 16 x 32 block, splits included,
+   still ran SmolLM2's linears at 1,500 rows ~1.5x faster than the AVX-512 GEMM (docs/PERFORMANCE.md,
+   item 34).
 
    Operands are split once per call into tiles of 1 KB, kept in one scratch buffer: activations as
    [M / 16][K / 32][part][16 rows][32 k], weights as [N / 16][K / 32][part][16 k-pairs][16 columns x 2],
