@@ -83,8 +83,9 @@ def assert_matches_float64(fn, name, make, n, k, m):
 @needs_kernel
 @pytest.mark.parametrize(("name", "make"), LAYOUTS)
 @pytest.mark.parametrize(("n", "k"), [(1, 64), (17, 128), (64, 192), (130, 576)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 13])
 def test_linear_matches_float64_reference(name, make, n, k, m):
+    """Every number of rows per pass (up to 3 on AVX2, 6 on AVX-512) and passes with a partial last one."""
     assert_matches_float64(kernel.linear, name, make, n, k, m)
 
 
