@@ -669,14 +669,8 @@ void q4p_linear(const uint8_t* codes, const void* scales, const void* mins, int 
 #define R(r) case r: { if (panels - p >= 2) q4p_rows(q, sc, mn, f16, g, G, K, 2, xm, ldx, xsm, r, ym, ldy); \
                        else q4p_rows(q, sc, mn, f16, g, G, K, 1, xm, ldx, xsm, r, ym, ldy); } break
             switch (M - m0 < PT ? M - m0 : PT) {
-#if PT >= 6
-                R(6);
-#endif
-#if PT >= 5
-                R(5);
-#endif
-#if PT >= 4
-                R(4);
+#if PT == 6
+                R(6); R(5); R(4);
 #endif
                 R(3); R(2); default: R(1);
             }
@@ -770,13 +764,9 @@ void q8p_linear(const int8_t* codes, const void* scales, const void* mins, int f
             const float *xm = x + m0 * ldx, *xsm = xs ? xs + m0 * G : 0;
             float* ym = y + m0 * ldy + p * NW;
             switch (M - m0 < PT ? M - m0 : PT) {
-#if PT >= 6
+#if PT == 6
                 case 6: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 6, ym, ldy); break;
-#endif
-#if PT >= 5
                 case 5: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 5, ym, ldy); break;
-#endif
-#if PT >= 4
                 case 4: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 4, ym, ldy); break;
 #endif
                 case 3: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 3, ym, ldy); break;
