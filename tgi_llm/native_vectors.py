@@ -106,4 +106,32 @@ static inline void vsum4(V a, V b, V c, V d, float* out) {
     out[0] = vsum(a), out[1] = vsum(b), out[2] = vsum(c), out[3] = vsum(d);
 #endif
 }
+
+/* The lane sums of VL vectors as one vector (lane i: the sum of a[i]), by a transposing tree: ~2 shuffles
+   and 1 add a sum where vsum takes 4 + 4 (the decode kernel's scores, VL keys at a time). */
+static inline __attribute__((always_inline)) V vsum_lanes(const V* a) {
+#if defined(__AVX512F__)
+    /* the tree leaves lane 4k + j holding input 4j + k: inputs taken in that (self-inverse) order */
+    V b[8], c[4], d[2];
+    UNROLL for (int i = 0; i < 8; i++) {
+        const V x = a[(2 * i) % 4 * 4 + (2 * i) / 4], y = a[(2 * i + 1) % 4 * 4 + (2 * i + 1) / 4];
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+    }
+    UNROLL for (int i = 0; i < 4; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    UNROLL for (int i = 0; i < 2; i++)
+        d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+#elif defined(__AVX2__) && defined(__FMA__)
+    const __m256 lo = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+    const __m256 hi = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+#else
+    V s;
+    for (int i = 0; i < VL; i++) s[i] = vsum(a[i]);
+    return s;
+#endif
+}
 """

@@ -283,9 +283,9 @@ def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, mo
     """The load-time check covers the sequence-per-item path too (batches of 4 sequences a thread): a
     library whose batched decode reads the wrong value head must not serve."""
     monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
-    right = "add_pv(s + r * stride + l0, vb + (r / G) * D, n, tok, C, os + r * D)"
+    right = "add_pv_group(s + h * G * stride + l0, stride, vb + h * D, n, tok, C, G, os + h * G * D)"
     assert right in cpu_kernels._SOURCE
-    wrong = cpu_kernels._SOURCE.replace(right, right.replace("(r / G)", "(r % H)"))  # the same for one head
+    wrong = cpu_kernels._SOURCE.replace(right, right.replace("vb + h * D", "vb"))  # the same for one head
     broken = CpuAttentionKernels(build_library("attention_wrong_value_head", wrong))
     with pytest.raises(RuntimeError, match="paged decode kernel disagrees"):
         cpu_kernels._self_check(broken)

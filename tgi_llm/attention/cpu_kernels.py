@@ -45,9 +45,9 @@ _SOURCE = VECTORS_C + AMX_C + r"""
 #include <stdlib.h>
 
 /* ---- decode: one query per sequence, K/V read in place through the block table ----
-   Each query head's scores against every key (4 keys at a time, their rows kept in L1 across the heads
-   of a group), a softmax, then p . v. Bound by the bytes of K and V. Two shapes of work item, the same
-   arithmetic in the same order (bit-equal outputs):
+   Each query head's scores against every key (VL keys at a time, their rows kept in L1 across the heads
+   of a group), a softmax, then p . v (a KV head's query heads together). Bound by the bytes of K and V.
+   Two shapes of work item, the same arithmetic in the same order (bit-equal outputs):
    - one per (sequence, KV head), when there are few sequences, so that every thread has work;
    - one per sequence, all its KV heads, from SEQ_ITEMS_PER_THREAD sequences a thread: a block's K (then
      V) rows are read as one contiguous run (BS x Hkv x D floats).
@@ -55,7 +55,8 @@ _SOURCE = VECTORS_C + AMX_C + r"""
    core keeps a steady number of misses in flight instead of a block's worth at once. 2 threads, Zen 4,
    30 layers' caches in shuffled blocks, ragged lengths, per layer: 1 x 1,024 tokens 61 -> 54 us, 4 x 500
    120 -> 105 us, 8 x 300 174 -> 154 us, 16 x 400 425 -> 366 us, 32 x 700 1,415 -> 1,170 us
-   (docs/PERFORMANCE.md item 25). */
+   (docs/PERFORMANCE.md item 25). V is prefetched a block ahead in the p . v pass; both prefetches are
+   spread between the heads' work (item 40: 16 x 400 tokens 13.9 -> 12.5 ms for 30 layers, AMX Xeon). */
 
 #define MAX_DV (256 / VL) /* head size up to 256 */
 #define SEQ_ITEMS_PER_THREAD 4 /* sequences a thread, for the dynamic schedule to balance unequal lengths */
@@ -88,6 +89,19 @@ static inline __attribute__((always_inline)) void score4(const float* restrict q
         a3 = vfma(qv, vld(k0 + 3 * tok + c * VL), a3);
     }
     vsum4(a0, a1, a2, a3, out);
+}
+
+static inline __attribute__((always_inline)) void score_vl(const float* restrict qg, const float* restrict k0,
+                                                           const int64_t tok, const int64_t C, float* restrict out) {
+    /* out[0..VL-1] = qg . the VL key rows from k0, tok floats apart: one accumulator a key, their lane sums
+       by one transposing tree (score4's four horizontal sums cost 3x the shuffles and adds a key) */
+    V a[VL];
+    UNROLL for (int i = 0; i < VL; i++) a[i] = vzero();
+    for (int64_t c = 0; c < C; c++) {
+        const V qv = vld(qg + c * VL);
+        UNROLL for (int i = 0; i < VL; i++) a[i] = vfma(qv, vld(k0 + i * tok + c * VL), a[i]);
+    }
+    vst(out, vsum_lanes(a));
 }
 
 static inline __attribute__((always_inline)) float score1(const float* restrict qg, const float* restrict k0,
@@ -131,6 +145,40 @@ static inline __attribute__((always_inline)) void add_pv(const float* restrict p
     for (int64_t c = 0; c < C; c++) vst(oh + c * VL, acc[c]);
 }
 
+#define PV_ACC 12 /* accumulators add_pv_heads keeps in registers */
+
+static inline __attribute__((always_inline)) void add_pv_heads(const float* restrict p, const int64_t pstride,
+                                                               const float* restrict v0, const int64_t n,
+                                                               const int64_t tok, const int64_t C, const int NH,
+                                                               float* restrict oh) {
+    /* add_pv for NH query heads of a group (score rows pstride apart, outputs C * VL apart) at once: each value
+       vector is loaded once for all of them, and NH x C independent FMA chains keep both FMA ports busy
+       (one head's C chains wait on the FMA latency). The same sums in the same order as add_pv. */
+    V acc[PV_ACC];
+    UNROLL for (int h = 0; h < NH; h++)
+        UNROLL for (int64_t c = 0; c < C; c++) acc[h * C + c] = vld(oh + (h * C + c) * VL);
+    for (int64_t t = 0; t < n; t++)
+        UNROLL for (int64_t c = 0; c < C; c++) {
+            const V vv = vld(v0 + t * tok + c * VL);
+            UNROLL for (int h = 0; h < NH; h++) acc[h * C + c] = vfma(vset1(p[h * pstride + t]), vv, acc[h * C + c]);
+        }
+    UNROLL for (int h = 0; h < NH; h++)
+        UNROLL for (int64_t c = 0; c < C; c++) vst(oh + (h * C + c) * VL, acc[h * C + c]);
+}
+
+static inline __attribute__((always_inline)) void add_pv_group(const float* restrict p, const int64_t pstride,
+                                                               const float* restrict v0, const int64_t n,
+                                                               const int64_t tok, const int64_t C, const int64_t G,
+                                                               float* restrict oh) {
+    /* the G query heads of one KV head: three at a time where their accumulators fit in registers */
+    int64_t g = 0;
+    if (3 * C <= PV_ACC)
+        for (; g + 3 <= G; g += 3) add_pv_heads(p + g * pstride, pstride, v0, n, tok, C, 3, oh + g * C * VL);
+    if (2 * C <= PV_ACC)
+        for (; g + 2 <= G; g += 2) add_pv_heads(p + g * pstride, pstride, v0, n, tok, C, 2, oh + g * C * VL);
+    for (; g < G; g++) add_pv(p + g * pstride, v0, n, tok, C, oh + g * C * VL);
+}
+
 static inline void scale_rows(float* restrict o, const float* restrict inv, const int64_t rows, const int64_t C) {
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < C; c++) vst(o + (r * C + c) * VL, vmul(vld(o + (r * C + c) * VL), vset1(inv[r])));
@@ -150,26 +198,41 @@ static inline __attribute__((always_inline)) void decode_heads(
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* kb = kc + (int64_t)table[j] * BS * tok;
         int64_t t = 0;
+        for (; t + VL <= n; t += VL) {
+            /* the group's K prefetches, 4 token rows at a time, spread between the heads' scores: issued in
+               one burst they stall the core once its fill buffers are taken */
+            for (int64_t r = 0, a = 0; r < R || a < VL; r++) {
+                if (r < R) score_vl(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
+                if (a < VL) {
+                    const int64_t ahead = l0 + t + a + PREFETCH_AHEAD;
+                    if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width);
+                    a += 4;
+                }
+            }
+        }
         for (; t + 4 <= n; t += 4) {
             const int64_t ahead = l0 + t + PREFETCH_AHEAD;
             if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width);
-            prefetch_4_tokens(vc, table, l0 + t, BS, tok, width); /* in L2 by p . v: the fetch overlaps */
             for (int64_t r = 0; r < R; r++)
                 score4(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
         }
         for (; t < n; t++)
             for (int64_t r = 0; r < R; r++) s[r * stride + l0 + t] = score1(q + r * D, kb + t * tok + (r / G) * D, C);
     }
+    prefetch_rows(vc + (int64_t)table[0] * BS * tok, L < BS ? L : BS, tok, width); /* during the softmax */
     float inv[R];
     for (int64_t r = 0; r < R; r++) inv[r] = softmax_numerators(s + r * stride, L);
     for (int64_t i = 0; i < R * D; i++) os[i] = 0.f;
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* vb = vc + (int64_t)table[j] * BS * tok;
-        /* again: the score pass's V prefetch has been evicted by here once the context outgrows L2 (without
-           this one, 16 x 400 tokens took 521 against 443 us a layer) */
-        if (l0 + BS < L) prefetch_rows(vc + (int64_t)table[j + 1] * BS * tok, BS, tok, width);
-        for (int64_t r = 0; r < R; r++) add_pv(s + r * stride + l0, vb + (r / G) * D, n, tok, C, os + r * D);
+        /* V's only prefetch: one taken in the score pass too cost more than it saved (item 40) */
+        const float* next = l0 + BS < L ? vc + (int64_t)table[j + 1] * BS * tok : NULL;
+        for (int64_t h = 0; h < H; h++) {
+            if (next) /* a share of the rows before each head's products: spread, like the score pass's */
+                prefetch_rows(next + h * BS / H * tok, (h + 1) * BS / H - h * BS / H, tok, width);
+            add_pv_group(s + h * G * stride + l0, stride, vb + h * D, n, tok, C, G, os + h * G * D);
+        }
     }
     scale_rows(os, inv, R, C);
 }
@@ -931,7 +994,8 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
     """Both kernels on a tiny ragged batch against plain torch: a library that loads but computes wrong
     (a miscompile, a stale cache) must not serve requests."""
     gen = torch.Generator().manual_seed(0)
-    heads, kv_heads, dim, block_size, lens = 6, 2, 32, 4, [1, 5, 9]
+    # lengths that take the decode kernel through all its key steps: VL keys, 4 keys and single keys
+    heads, kv_heads, dim, block_size, lens = 6, 2, 32, 16, [1, 21, 38]
     tables = torch.arange(12, dtype=torch.int32).view(3, 4)
     k_cache, v_cache = (torch.randn(12, block_size, kv_heads, dim, generator=gen) for _ in range(2))
     q = torch.randn(3, heads, dim, generator=gen)
