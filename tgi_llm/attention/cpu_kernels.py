@@ -226,7 +226,8 @@ static inline __attribute__((always_inline)) void decode_heads(
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const float* vb = vc + (int64_t)table[j] * BS * tok;
-        /* V's only prefetch: one taken in the score pass too cost more than it saved (item 40) */
+        /* V is prefetched in this pass only, a block ahead (the first during the softmax): taken in the score
+           pass too, it cost more than it saved (item 40) */
         const float* next = l0 + BS < L ? vc + (int64_t)table[j + 1] * BS * tok : NULL;
         for (int64_t h = 0; h < H; h++) {
             if (next) /* a share of the rows before each head's products: spread, like the score pass's */
