@@ -132,36 +132,25 @@ static inline float softmax_numerators(float* restrict row, const int64_t L) {
     return 1.f / sum;
 }
 
-static inline __attribute__((always_inline)) void add_pv(const float* restrict p, const float* restrict v0,
-                                                         const int64_t n, const int64_t tok, const int64_t C,
-                                                         float* restrict oh) {
-    /* oh += sum over n value rows (v0, v0 + tok, ...) of p[t] * row: D / VL accumulators in registers */
+#define PV_ACC 12 /* accumulators add_pv keeps in registers when it takes several heads */
+
+static inline __attribute__((always_inline)) void add_pv(const float* restrict p, const int64_t pstride,
+                                                         const float* restrict v0, const int64_t n, const int64_t tok,
+                                                         const int64_t C, const int NH, float* restrict oh) {
+    /* oh[h] += sum over n value rows (v0, v0 + tok, ...) of p[h pstride + t] * row, for NH query heads of a
+       group (outputs C * VL apart): each value vector is loaded once for all of them, and NH x C independent
+       FMA chains keep both FMA ports busy (one head's C chains wait on the FMA latency) */
     V acc[MAX_DV];
-    for (int64_t c = 0; c < C; c++) acc[c] = vld(oh + c * VL);
-    for (int64_t t = 0; t < n; t++) {
-        const V pt = vset1(p[t]);
-        for (int64_t c = 0; c < C; c++) acc[c] = vfma(pt, vld(v0 + t * tok + c * VL), acc[c]);
-    }
-    for (int64_t c = 0; c < C; c++) vst(oh + c * VL, acc[c]);
-}
-
-#define PV_ACC 12 /* accumulators add_pv_heads keeps in registers */
-
-static inline __attribute__((always_inline)) void add_pv_heads(const float* restrict p, const int64_t pstride,
-                                                               const float* restrict v0, const int64_t n,
-                                                               const int64_t tok, const int64_t C, const int NH,
-                                                               float* restrict oh) {
-    /* add_pv for NH query heads of a group (score rows pstride apart, outputs C * VL apart) at once: each value
-       vector is loaded once for all of them, and NH x C independent FMA chains keep both FMA ports busy
-       (one head's C chains wait on the FMA latency). The same sums in the same order as add_pv. */
-    V acc[PV_ACC];
     UNROLL for (int h = 0; h < NH; h++)
         UNROLL for (int64_t c = 0; c < C; c++) acc[h * C + c] = vld(oh + (h * C + c) * VL);
-    for (int64_t t = 0; t < n; t++)
+    for (int64_t t = 0; t < n; t++) {
+        V pt[NH];
+        UNROLL for (int h = 0; h < NH; h++) pt[h] = vset1(p[h * pstride + t]);
         UNROLL for (int64_t c = 0; c < C; c++) {
             const V vv = vld(v0 + t * tok + c * VL);
-            UNROLL for (int h = 0; h < NH; h++) acc[h * C + c] = vfma(vset1(p[h * pstride + t]), vv, acc[h * C + c]);
+            UNROLL for (int h = 0; h < NH; h++) acc[h * C + c] = vfma(pt[h], vv, acc[h * C + c]);
         }
+    }
     UNROLL for (int h = 0; h < NH; h++)
         UNROLL for (int64_t c = 0; c < C; c++) vst(oh + (h * C + c) * VL, acc[h * C + c]);
 }
@@ -173,10 +162,10 @@ static inline __attribute__((always_inline)) void add_pv_group(const float* rest
     /* the G query heads of one KV head: three at a time where their accumulators fit in registers */
     int64_t g = 0;
     if (3 * C <= PV_ACC)
-        for (; g + 3 <= G; g += 3) add_pv_heads(p + g * pstride, pstride, v0, n, tok, C, 3, oh + g * C * VL);
+        for (; g + 3 <= G; g += 3) add_pv(p + g * pstride, pstride, v0, n, tok, C, 3, oh + g * C * VL);
     if (2 * C <= PV_ACC)
-        for (; g + 2 <= G; g += 2) add_pv_heads(p + g * pstride, pstride, v0, n, tok, C, 2, oh + g * C * VL);
-    for (; g < G; g++) add_pv(p + g * pstride, v0, n, tok, C, oh + g * C * VL);
+        for (; g + 2 <= G; g += 2) add_pv(p + g * pstride, pstride, v0, n, tok, C, 2, oh + g * C * VL);
+    for (; g < G; g++) add_pv(p + g * pstride, pstride, v0, n, tok, C, 1, oh + g * C * VL);
 }
 
 static inline void scale_rows(float* restrict o, const float* restrict inv, const int64_t rows, const int64_t C) {
