@@ -53,6 +53,10 @@ enum { QW_Q4_GGUF, QW_Q4_X8, QW_Q8, QW_Q4_PANEL, QW_F32, QW_Q8_PANEL, QW_F32_PAN
 
 #define NV (32 / VL) /* vectors per 32 weights */
 #define MT 4         /* activation rows per pass over a weight row */
+/* Locality of the decode kernels' code prefetches: 3 (prefetcht0). The non-temporal hint (0) they had
+   capped a thread's stream from L3 on the AMX Xeon: SmolLM2's Q8_0 LM head alone (28 MB, in L3) 2.6 ms with
+   it, 0.82 ms without, out of DRAM (300 MB) the same either way; a decode step at one row 10.4 -> 9.0 ms. */
+#define PF_LOCALITY 3
 
 /* 32 codes of a q4 block (16 bytes: element j in the low nibble of byte j, j + 16 in its high nibble) as
    NV float vectors, in order */
@@ -173,7 +177,7 @@ static inline __attribute__((always_inline)) void q8_row(
         UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int i = 0; i < P; i++) s[m][i] = vzero();
         for (int64_t c = gi * g; c < (gi + 1) * g; c += 16) {
             V w[16 / VL];
-            if (Q8_PF) __builtin_prefetch(q + c + Q8_PF, 0, 0);
+            if (Q8_PF) __builtin_prefetch(q + c + Q8_PF, 0, PF_LOCALITY);
             unpack_q8(q + c, w);
             UNROLL for (int i = 0; i < 16 / VL; i++)
                 UNROLL for (int m = 0; m < MTC; m++)
@@ -602,8 +606,17 @@ int panel_lanes(void) { return VL; }
 typedef float VF __attribute__((vector_size(VL * 4)));
 typedef uint32_t VU __attribute__((vector_size(VL * 4)));
 static inline VU pload(const uint8_t* p) { VU v; memcpy(&v, p, sizeof v); return v; }
+/* Code i of each lane's word as a float. On AVX-512 a permute looks it up in {0, ..., 15}, reading only the
+   index's low 4 bits: a shift and a permute (p5) where shift, mask and convert took three uops, two of them
+   on the port the FMAs share (q4 decode at one row is bound by this: ~2 cycles per 16 weights). Same values. */
 static inline __attribute__((always_inline)) V pcode(const VU w, const int i) {
+#if defined(__AVX512F__) && VL == 16
+    const __m512 values = _mm512_setr_ps(0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f, 8.f, 9.f, 10.f, 11.f, 12.f, 13.f,
+                                         14.f, 15.f);
+    return _mm512_permutexvar_ps((__m512i)(w >> (4 * i)), values);
+#else
     return (V)__builtin_convertvector((VI)((w >> (4 * i)) & 15u), VF);
+#endif
 }
 /* Few activation rows: per group, part = sum(q * x) in each lane (one output row), then
    acc += scale * part + min * (sum of x over the group). Two panels per pass: each broadcast x feeds two FMAs. */
@@ -623,16 +636,20 @@ static inline __attribute__((always_inline)) void q4p_rows(
     const uint8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t g, const int64_t G,
     const int64_t K, const int NP, const float* restrict x, const int64_t ldx, const float* restrict xs,
     const int MTC, float* restrict y, const int64_t ldy) {
+    /* Partial sums per output vector: two (even and odd codes) where MTC * NP chains of 4-cycle FMAs would
+       bound the loop (one row: ~2 cycles per 16 weights), one where the registers are needed for rows. */
+    const int PS = MTC == 1 || (VL == 16 && MTC == 2) ? 2 : 1;
     V acc[PT][2];
     UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) acc[m][h] = vzero();
     for (int64_t gi = 0; gi < G; gi++) {
-        V part[PT][2];
-        UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) part[m][h] = vzero();
+        V part[PT][2][2];
+        UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) UNROLL for (int j = 0; j < PS; j++)
+            part[m][h][j] = vzero();
         for (int64_t k = gi * g; k < (gi + 1) * g; k += 8) {
             VU w[2];
             UNROLL for (int h = 0; h < NP; h++) {
                 const uint8_t* qh = q + h * VL * (K / 2) + k / 8 * VL * 4;
-                __builtin_prefetch(qh + PF_BYTES, 0, 0);
+                __builtin_prefetch(qh + PF_BYTES, 0, PF_LOCALITY);
                 w[h] = pload(qh);
             }
             UNROLL for (int i = 0; i < 8; i++) {
@@ -640,14 +657,16 @@ static inline __attribute__((always_inline)) void q4p_rows(
                 UNROLL for (int h = 0; h < NP; h++) c[h] = pcode(w[h], i);
                 UNROLL for (int m = 0; m < MTC; m++) {
                     const V a = vset1(x[m * ldx + k + i]);
-                    UNROLL for (int h = 0; h < NP; h++) part[m][h] = vfma(c[h], a, part[m][h]);
+                    UNROLL for (int h = 0; h < NP; h++) part[m][h][i % PS] = vfma(c[h], a, part[m][h][i % PS]);
                 }
             }
         }
         UNROLL for (int h = 0; h < NP; h++) {
             const V s = pscale(sc, F16, (h * G + gi) * VL), mi = pscale(mn, F16, (h * G + gi) * VL);
-            UNROLL for (int m = 0; m < MTC; m++)
-                acc[m][h] = vfma(mi, vset1(xs[m * G + gi]), vfma(part[m][h], s, acc[m][h]));
+            UNROLL for (int m = 0; m < MTC; m++) {
+                const V part_m = PS == 2 ? vadd(part[m][h][0], part[m][h][1]) : part[m][h][0];
+                acc[m][h] = vfma(mi, vset1(xs[m * G + gi]), vfma(part_m, s, acc[m][h]));
+            }
         }
     }
     UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) vst(y + m * ldy + h * VL, acc[m][h]);
@@ -728,7 +747,7 @@ static inline __attribute__((always_inline)) void q8p_rows(
         UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < 2; h++) UNROLL for (int j = 0; j < PS; j++)
             part[m][h][j] = vzero();
         for (int64_t k = gi * g; k < (gi + 1) * g; k += 4) {
-            UNROLL for (int b = 0; b < 4 * NW; b += 64) __builtin_prefetch(q + k * NW + b + PF_BYTES, 0, 0);
+            UNROLL for (int b = 0; b < 4 * NW; b += 64) __builtin_prefetch(q + k * NW + b + PF_BYTES, 0, PF_LOCALITY);
             UNROLL for (int i = 0; i < 4; i++) {
                 const V c0 = q8code(q + (k + i) * NW), c1 = q8code(q + (k + i) * NW + VL);
                 UNROLL for (int m = 0; m < MTC; m++) {
@@ -1432,7 +1451,7 @@ def _self_check(kernels: QuantKernels) -> None:
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(37, 128, generator=gen)
-    x = torch.randn(6, 128, generator=gen)
+    x = torch.randn(8, 128, generator=gen)  # passes of 6 + 2 rows (AVX-512) or 3 + 3 + 2; x[:1] below: one row
     q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
     wp = torch.randn(3 * kernels.panel_lanes, 128, generator=gen)  # an odd number of panels: pairs and a single one
     panel = [quantize_int4(wp, g).with_order("panel", kernels.panel_lanes) for g in (32, 64)]
@@ -1445,9 +1464,10 @@ def _self_check(kernels: QuantKernels) -> None:
         dense = qw.dequantize()
         if not torch.equal(kernels.gemm(torch.eye(qw.in_features), qw), dense.T):  # x = I: y = W^T, exactly
             raise RuntimeError(f"{qw.source} dequantization disagrees with torch")
-        for name, fn in (("linear", kernels.linear), ("gemm", kernels.gemm)):
-            if not torch.allclose(fn(x, qw), x @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
-                raise RuntimeError(f"{qw.source} {name} disagrees with torch")
+        for name, fn, rows in (("linear", kernels.linear, x), ("linear", kernels.linear, x[:1]),
+                               ("gemm", kernels.gemm, x)):
+            if not torch.allclose(fn(rows, qw), rows @ dense.T, rtol=1e-4, atol=1e-3 * dense.abs().max().item()):
+                raise RuntimeError(f"{qw.source} {name} of {rows.shape[0]} rows disagrees with torch")
     wf = torch.randn(3 * kernels.q8_panel_lanes, 128, generator=gen)
     wf_panels = to_panels(wf, kernels.q8_panel_lanes)
     for gemm_min in (0, 100):  # float32 weights: the GEMM and the decode kernel, plain and panel order
