@@ -17,7 +17,7 @@ from torch import nn
 
 from tgi_llm.hugepages import in_huge_pages
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import QW_F32, QW_F32_PANEL, QW_Q8, QW_Q8_PANEL, WeightDesc, quant_kernels
+from tgi_llm.quant.kernels import QW_F32, QW_F32_PANEL, QW_Q4_PANEL, QW_Q8, QW_Q8_PANEL, WeightDesc, quant_kernels
 
 #: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
 #: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
@@ -40,7 +40,14 @@ def gemm_min_tokens(desc: WeightDesc) -> int:
         return FLOAT_GEMM_MIN_TOKENS
     if desc.kind == QW_F32_PANEL:
         return 0  # the GEMM reads it in place: at one row too it streams faster than a decode kernel (item 20)
-    return Q8_GEMM_MIN_TOKENS if desc.kind in (QW_Q8, QW_Q8_PANEL) else GEMM_MIN_TOKENS
+    if desc.kind in (QW_Q8, QW_Q8_PANEL):
+        return Q8_GEMM_MIN_TOKENS
+    kernels = quant_kernels()
+    if desc.kind == QW_Q4_PANEL and kernels is not None:
+        # Rows that fit one pass of the panel decode kernel (12 on AVX-512) cost it the GEMM's FMAs without
+        # its dequantized panel: 10 rows 12.3 against 14.7 ms, 12 rows 14.4 against 15.6 (item 42).
+        return max(GEMM_MIN_TOKENS, kernels.q4_panel_rows + 1)
+    return GEMM_MIN_TOKENS
 
 
 #: The torch fallback dequantizes at most this many float32 bytes at a time (the LM head alone is 113 MB).
