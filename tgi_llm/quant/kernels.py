@@ -623,26 +623,18 @@ static inline __attribute__((always_inline)) V pcode(const VU w, const int i) {
 /* Codes are prefetched this far ahead: at one token the kernel streams the whole model from DRAM, and the
    hardware prefetcher alone kept it at ~6 GB/s of ~19 (measured on Zen 3; 1-8 KB tried, 2 KB best). */
 #define PF_BYTES 2048
-/* Activation rows per pass (every pass streams the codes again): 2 PT partial sums + 2 PT accumulators +
-   codes + x fit AVX2's 16 registers at 3 and AVX-512's 32 at 6. 6 rather than 3 on AVX-512 (Xeon, all
-   linears of SmolLM2-135M, interleaved, medians of 25): 4 rows 14.5 -> 11.6 ms, 6 rows 16.6 -> 14.6,
-   8 rows 21.1 -> 19.5, 1-2 rows unchanged (item 39). */
+/* Activation rows per pass of the panel decode kernels (every pass streams the codes again). Their
+   accumulators live in y (a load and a store per group of codes), so the registers hold the 2 PT partial
+   sums, the codes and x: 3 rows on AVX2's 16, 12 on AVX-512's 32 (item 42; 6 with the accumulators in
+   registers, item 39). All layer linears of SmolLM2-135M (Xeon, AMX host, alternated, medians of 20), q4,
+   against 6 rows a pass: 8 rows 11.45 -> 10.47 ms, 10 rows 13.27 -> 12.27, 12 rows 14.88 -> 14.35, 16
+   rows 20.5 -> 19.3 (the GEMM 18.8); 1-6 rows level. */
 #if defined(__AVX512F__)
-#define PT 6
+#define PT 12
 #else
 #define PT 3
 #endif
-/* Rows per pass of the q4 panel kernel. Its accumulators live in y (a load and a store per group of codes),
-   so AVX-512's registers hold 2 x 12 partial sums, the codes and x: 8-12 rows take one pass over the codes
-   instead of two. All layer linears of SmolLM2-135M (Xeon, AMX host, alternated, medians of 20) against 6
-   rows with accumulators in registers: 8 rows 11.45 -> 10.47 ms, 10 rows 13.27 -> 12.27, 12 rows 14.88 ->
-   14.35, 16 rows 20.5 -> 19.3 (the GEMM 18.8); 1-6 rows level. AVX2 keeps PT. */
-#if defined(__AVX512F__)
-#define PT4 12
-#else
-#define PT4 PT
-#endif
-int q4_panel_rows(void) { return PT4; }
+int panel_rows_per_pass(void) { return PT; }
 static inline __attribute__((always_inline)) void q4p_rows(
     const uint8_t* restrict q, const void* sc, const void* mn, const int F16, const int64_t g, const int64_t G,
     const int64_t K, const int NP, const float* restrict x, const int64_t ldx, const float* restrict xs,
@@ -651,7 +643,7 @@ static inline __attribute__((always_inline)) void q4p_rows(
        bound the loop (one row: ~2 cycles per 16 weights), one where the registers are needed for rows. */
     const int PS = MTC == 1 || (VL == 16 && MTC == 2) ? 2 : 1;
     for (int64_t gi = 0; gi < G; gi++) {
-        V part[PT4][2][2];
+        V part[PT][2][2];
         UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < NP; h++) UNROLL for (int j = 0; j < PS; j++)
             part[m][h][j] = vzero();
         for (int64_t k = gi * g; k < (gi + 1) * g; k += 8) {
@@ -691,20 +683,14 @@ void q4p_linear(const uint8_t* codes, const void* scales, const void* mins, int 
         const int64_t p = 2 * pp;
         const uint8_t* q = codes + p * VL * (K / 2);
         const void *sc = (const char*)scales + p * G * VL * ss, *mn = (const char*)mins + p * G * VL * ss;
-        for (int64_t m0 = 0; m0 < M; m0 += PT4) {
+        for (int64_t m0 = 0; m0 < M; m0 += PT) {
             const float *xm = x + m0 * ldx, *xsm = xs + m0 * G;
             float* ym = y + m0 * ldy + p * VL;
 #define R(r) case r: { if (panels - p >= 2) q4p_rows(q, sc, mn, f16, g, G, K, 2, xm, ldx, xsm, r, ym, ldy); \
                        else q4p_rows(q, sc, mn, f16, g, G, K, 1, xm, ldx, xsm, r, ym, ldy); } break
-            switch (M - m0 < PT4 ? M - m0 : PT4) {
-#if PT4 >= 12
-                R(12); R(11); R(10);
-#endif
-#if PT4 >= 9
-                R(9); R(8); R(7);
-#endif
-#if PT4 >= 6
-                R(6); R(5); R(4);
+            switch (M - m0 < PT ? M - m0 : PT) {
+#if PT == 12
+                R(12); R(11); R(10); R(9); R(8); R(7); R(6); R(5); R(4);
 #endif
                 R(3); R(2); default: R(1);
             }
@@ -755,8 +741,6 @@ static inline __attribute__((always_inline)) void q8p_rows(
     const float* restrict x, const int64_t ldx, const float* restrict xs, const int MTC, float* restrict y,
     const int64_t ldy) {
     const int PS = MTC == 1 ? 2 : 1;
-    V acc[PT][2];
-    UNROLL for (int m = 0; m < MTC; m++) acc[m][0] = acc[m][1] = vzero();
     for (int64_t gi = 0; gi < G; gi++) {
         V part[PT][2][2];
         UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < 2; h++) UNROLL for (int j = 0; j < PS; j++)
@@ -776,12 +760,13 @@ static inline __attribute__((always_inline)) void q8p_rows(
             const V s = pscale(sc, F16, gi * NW + h * VL);
             UNROLL for (int m = 0; m < MTC; m++) {
                 const V part_m = PS == 2 ? vadd(part[m][h][0], part[m][h][1]) : part[m][h][0];
-                acc[m][h] = vfma(part_m, s, acc[m][h]);
-                if (mn) acc[m][h] = vfma(pscale(mn, F16, gi * NW + h * VL), vset1(xs[m * G + gi]), acc[m][h]);
+                float* acc = y + m * ldy + h * VL;
+                V a = vfma(part_m, s, gi ? vld(acc) : vzero());
+                if (mn) a = vfma(pscale(mn, F16, gi * NW + h * VL), vset1(xs[m * G + gi]), a);
+                vst(acc, a);
             }
         }
     }
-    UNROLL for (int m = 0; m < MTC; m++) UNROLL for (int h = 0; h < 2; h++) vst(y + m * ldy + h * VL, acc[m][h]);
 }
 
 void q8p_linear(const int8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
@@ -797,16 +782,14 @@ void q8p_linear(const int8_t* codes, const void* scales, const void* mins, int f
         for (int64_t m0 = 0; m0 < M; m0 += PT) {
             const float *xm = x + m0 * ldx, *xsm = xs ? xs + m0 * G : 0;
             float* ym = y + m0 * ldy + p * NW;
+#define R(r) case r: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, r, ym, ldy); break
             switch (M - m0 < PT ? M - m0 : PT) {
-#if PT == 6
-                case 6: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 6, ym, ldy); break;
-                case 5: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 5, ym, ldy); break;
-                case 4: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 4, ym, ldy); break;
+#if PT == 12
+                R(12); R(11); R(10); R(9); R(8); R(7); R(6); R(5); R(4);
 #endif
-                case 3: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 3, ym, ldy); break;
-                case 2: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 2, ym, ldy); break;
-                default: q8p_rows(q, sc, mn, f16, g, G, xm, ldx, xsm, 1, ym, ldy);
+                R(3); R(2); default: R(1);
             }
+#undef R
         }
     }
     free(xs);
@@ -1408,7 +1391,7 @@ class QuantKernels:
     def __init__(self, path: Path) -> None:
         lib = ctypes.CDLL(str(path))
         p, i64 = ctypes.c_void_p, ctypes.c_int64
-        lib.panel_lanes.restype = lib.q8_panel_lanes.restype = lib.q4_panel_rows.restype = ctypes.c_int
+        lib.panel_lanes.restype = lib.q8_panel_lanes.restype = lib.panel_rows_per_pass.restype = ctypes.c_int
         lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, ctypes.c_int]
         lib.quant_apply.restype = None
         lib.amx_usable.restype = ctypes.c_int
@@ -1421,8 +1404,8 @@ class QuantKernels:
         self.panel_lanes = int(lib.panel_lanes())
         #: The same for q8 codes (twice as wide: one stream of bytes per thread).
         self.q8_panel_lanes = int(lib.q8_panel_lanes())
-        #: Activation rows the q4 panel decode kernel takes in one pass over the codes.
-        self.q4_panel_rows = int(lib.q4_panel_rows())
+        #: Activation rows the panel decode kernels (q4, q8) take in one pass over the codes.
+        self.rows_per_pass = int(lib.panel_rows_per_pass())
         #: Whether the panel GEMMs run on AMX tiles from AMX_MIN_ROWS rows: the CPU has AMX-BF16, the kernel
         #: grants the tile state, and TGI_LLM_AMX is not 0 (quant_kernels turns it off if its check fails).
         self.amx = bool(lib.amx_usable()) and os.environ.get("TGI_LLM_AMX", "1") != "0"
