@@ -44,8 +44,9 @@ def gemm_min_tokens(desc: WeightDesc) -> int:
         return Q8_GEMM_MIN_TOKENS
     kernels = quant_kernels()
     if desc.kind == QW_Q4_PANEL and kernels is not None:
-        # Rows that fit one pass of the panel decode kernel (12 on AVX-512) cost it the GEMM's FMAs without
-        # its dequantized panel: 10 rows 12.3 against 14.7 ms, 12 rows 14.4 against 15.6 (item 42).
+        # Rows that fit one pass of the panel decode kernel (16 on AVX-512) cost it the GEMM's FMAs without
+        # its dequantized panel: 10 rows 12.3 against 14.7 ms, 12 rows 14.4 against 15.6, 15 rows 20.7
+        # against 23.9, 16 rows 21.4-24.5 against 22.7-26.5 (item 42).
         return max(GEMM_MIN_TOKENS, kernels.rows_per_pass + 1)
     return GEMM_MIN_TOKENS
 
