@@ -1469,7 +1469,9 @@ def _self_check(kernels: QuantKernels) -> None:
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(37, 128, generator=gen)
-    x = torch.randn(18, 128, generator=gen)  # passes of 16 (q4, AVX-512) or 12 rows ending in 2; x[:1]: one row
+    # 18 rows: q4 panels on AVX-512 in passes of 16 + 2 (the 2-row pass sums in two partials), the other
+    # layouts in 12 + 6 (AVX-512) or 6 x 3 (AVX2); x[:1] below: the one-row pass
+    x = torch.randn(18, 128, generator=gen)
     q4 = (quantize_int4(w, 32), quantize_int4(w * 1e5, 64))
     wp = torch.randn(3 * kernels.panel_lanes, 128, generator=gen)  # an odd number of panels: pairs and a single one
     panel = [quantize_int4(wp, g).with_order("panel", kernels.panel_lanes) for g in (32, 64)]

@@ -21,7 +21,8 @@ from tgi_llm.quant.kernels import QW_F32, QW_F32_PANEL, QW_Q4_PANEL, QW_Q8, QW_Q
 
 #: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
 #: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
-#: decode kernel's cost grows with every 3 rows, the GEMM's dequantization is fixed.
+#: decode kernel's cost grows with every 3 rows, the GEMM's dequantization is fixed. Panel-order weights
+#: on AVX-512 take the decode kernel further, up to its rows per pass (gemm_min_tokens).
 GEMM_MIN_TOKENS = 10
 #: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte. In the panel
 #: order (item 20) the two are equal at 15-16 rows on Zen 4; in the file order they were equal at 14 on
