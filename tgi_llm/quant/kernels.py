@@ -1179,33 +1179,45 @@ static int split_pair(int kind, const void* codes, const void* scales, const voi
 
 #define AMX_B_BYTES (1 << 20) /* a thread's split weights at a time: they stay in its L2 across row blocks */
 #define AMX_A_BYTES (512 << 10) /* a block of split activation rows, read by every column pair of the thread */
+/* Groups of column pairs per thread at least, taken one at a time. A core's tile unit can run at half rate
+   for seconds at a time, each core on its own (on the cloud Xeon measured, likely another tenant on its SMT
+   sibling), so two threads' rates can differ 2x: with contiguous halves the fast one waited for the slow
+   one (docs/PERFORMANCE.md, item 43). */
+#define AMX_GROUPS_PER_THREAD 3
 
-/* The panel orders' GEMM (as panel_gemm) on the tile unit. Each thread takes a contiguous range of column
-   pairs and splits their weights a group at a time into its own scratch, sized to stay in its L2, then
-   multiplies them with every block of rows: nothing is shared but the split activations, so no barrier
-   after theirs. Returns -1 (nothing written) when the scratch could not be allocated. */
+/* The panel orders' GEMM (as panel_gemm) on the tile unit. Threads take groups of column pairs in turn, split
+   a group's weights into their own scratch, sized to stay in L2, then multiply them with every block of rows:
+   nothing is shared but the split activations, so no barrier after theirs. Each output is one thread's, in
+   the same order whichever thread: results do not depend on the schedule. Returns -1 (nothing written) when
+   the scratch could not be allocated. */
 static int amx_panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
                           const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                           int nthreads) {
     const int64_t Kb = (K + 31) / 32, Mt = (M + 15) / 16, tiles = N / 16, pairs = (tiles + 1) / 2;
     const int64_t pair_elems = 2 * Kb * BLOCK_ELEMS, a_elems = Mt * Kb * BLOCK_ELEMS;
-    const int64_t group = AMX_B_BYTES / (2 * pair_elems) > 1 ? AMX_B_BYTES / (2 * pair_elems) : 1;
+    const int64_t fit = AMX_B_BYTES / (2 * pair_elems) > 1 ? AMX_B_BYTES / (2 * pair_elems) : 1;
+    const int64_t share = pairs / (AMX_GROUPS_PER_THREAD * nthreads);
+    const int64_t group = share < 1 ? 1 : share < fit ? share : fit;
     const int64_t row_tiles = AMX_A_BYTES / (2 * Kb * BLOCK_ELEMS) > 1 ? AMX_A_BYTES / (2 * Kb * BLOCK_ELEMS) : 1;
     pthread_mutex_lock(&amx_lock);
     uint16_t* scratch = amx_scratch_for((size_t)a_elems + (size_t)nthreads * group * pair_elems);
     if (!scratch) { pthread_mutex_unlock(&amx_lock); return -1; }
     uint16_t* A = scratch;
+    int64_t taken = 0; /* groups handed out */
 #pragma omp parallel num_threads(nthreads)
     {
         amx_configure();
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1)
         for (int64_t mt = 0; mt < Mt; mt++) split_rows(x, ldx, M, K, Kb, mt * 16, mt * 16 + 16, A);
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t p0 = pairs * t / nt, p1 = pairs * (t + 1) / nt;
-        uint16_t* B = scratch + a_elems + t * group * pair_elems;
+        uint16_t* B = scratch + a_elems + omp_get_thread_num() * group * pair_elems;
         int third[AMX_B_BYTES / (4 * BLOCK_ELEMS) + 1]; /* group <= this: a pair is >= 2 blocks of 2 bytes */
-        for (int64_t g0 = p0; g0 < p1; g0 += group) {
-            const int64_t g1 = p1 - g0 < group ? p1 : g0 + group;
+        for (;;) {
+            int64_t g0;
+#pragma omp atomic capture
+            g0 = taken++;
+            g0 *= group;
+            if (g0 >= pairs) break;
+            const int64_t g1 = pairs - g0 < group ? pairs : g0 + group;
             for (int64_t pp = g0; pp < g1; pp++)
                 third[pp - g0] = split_pair(kind, codes, scales, mins, f16, g, N, K, 2 * pp,
                                             B + (pp - g0) * pair_elems);
@@ -1231,7 +1243,7 @@ static int amx_panel_gemm(int kind, const void* codes, const void* scales, const
    columns side by side) is TDPBF16PS's B operand as it is (a tile: 16 k-pairs x 16 columns, rows NW words
    apart); the activations, rounded to bfloat16, are cut into A tiles ([M / 16][K / 32] tiles of 1 KB). One
    product per tile, the same products the AVX-512 kernel takes (bfloat16 operands, float32 sums), 32 x 32
-   outputs at a time. Each thread takes a contiguous range of panels and multiplies them with a block of row
+   outputs at a time. Threads take chunks of panels in turn and multiply them with a block of row
    tiles at a time that stays in its L2: the whole activation read from L3 for every panel ran at a third
    of the rate (K = 1536). K a multiple of 32. Returns -1 (nothing written) when the scratch could not be
    allocated. */
@@ -1254,11 +1266,12 @@ static int amx_bf16_gemm(const uint32_t* wq, const float* x, int64_t ldx, float*
                 memcpy(xa + ((m / 16) * Kb + kb) * tile_words + (m % 16) * 16, row, sizeof row);
             }
         }
-        const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-        const int64_t p0 = panels * t / nt, p1 = panels * (t + 1) / nt;
+        const int64_t chunk = panels / (AMX_GROUPS_PER_THREAD * nthreads) > 1 ?
+                              panels / (AMX_GROUPS_PER_THREAD * nthreads) : 1;
         for (int64_t mb = 0; mb < Mt; mb += block) {
             const int64_t mb1 = Mt - mb < block ? Mt : mb + block;
-            for (int64_t p = p0; p < p1; p++) {
+#pragma omp for schedule(dynamic, chunk) nowait /* as amx_panel_gemm: the tile units' rates differ */
+            for (int64_t p = 0; p < panels; p++) {
                 const uint32_t* wp = wq + p * (K / 2) * NW;
                 for (int64_t mt = mb; mt < mb1; mt += 2) {
                     const int two = mt + 1 < mb1;
