@@ -1065,25 +1065,36 @@ static void split_rows(const float* x, const int64_t ldx, const int64_t M, const
             }
 }
 
+/* Word n: bf16(e[n]) | bf16(o[n]) << 16, the k-pair layout of TDPBF16PS's B operand; VCVTNE2PS2BF16 rounds to
+   nearest even, as round_bf16 does (it also flushes denormals, which the tile unit flushes anyway) */
+static inline __m512i pair_words(const __m512 e, const __m512 o) {
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(o, e));
+}
+
 /* A float32 panel chunk [kc][NW] (k from k0, kc even) -> the split tiles of its nh column tiles of 16 at B
-   (B: the first of them, [K / 32][part] blocks each); returns whether any third weight part is nonzero */
+   (B: the first of them, [K / 32][part] blocks each); returns whether any third weight part is nonzero.
+   Each part is what the parts before it left, rounded: the parts of split3, 32 weights a conversion. */
 static int split_panel(const float* w, const int64_t k0, const int64_t kc, const int nh, const int64_t Kb,
                        uint16_t* B) {
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     __m512i any = _mm512_setzero_si512();
     for (int h = 0; h < nh; h++)
         for (int64_t j = 0; j < kc / 2; j++) {
-            __m512 e[3], o[3];
-            split3(_mm512_loadu_ps(w + 2 * j * NW + h * 16), e);
-            split3(_mm512_loadu_ps(w + (2 * j + 1) * NW + h * 16), o);
+            __m512 e = _mm512_loadu_ps(w + 2 * j * NW + h * 16), o = _mm512_loadu_ps(w + (2 * j + 1) * NW + h * 16);
             const int64_t jj = k0 / 2 + j; /* k-pair within the weight */
             uint16_t* t = B + (h * Kb + jj / 16) * BLOCK_ELEMS + (jj % 16) * 32;
             for (int i = 0; i < 3; i++) {
-                const __m512i word = _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(e[i]), 16),
-                                                     _mm512_and_si512(_mm512_castps_si512(o[i]),
-                                                                      _mm512_set1_epi32((int)0xffff0000u)));
+                const __m512i word = pair_words(e, o);
                 _mm512_storeu_si512(t + i * PART_STRIDE, word);
+                if (i == 2) {
+                    any = _mm512_or_si512(any, word);
+                } else { /* exact: what this part left */
+                    e = _mm512_sub_ps(e, _mm512_castsi512_ps(_mm512_slli_epi32(word, 16)));
+                    o = _mm512_sub_ps(o, _mm512_castsi512_ps(_mm512_and_si512(word, high)));
+                }
             }
-            any = _mm512_or_si512(any, _mm512_or_si512(_mm512_castps_si512(e[2]), _mm512_castps_si512(o[2])));
         }
     return _mm512_test_epi32_mask(any, any) != 0;
 }
