@@ -1199,6 +1199,12 @@ static int split_pair(int kind, const void* codes, const void* scales, const voi
    one (docs/PERFORMANCE.md, item 43). */
 #define AMX_GROUPS_PER_THREAD 3
 
+/* How many of `items` a turn takes so that each thread has AMX_GROUPS_PER_THREAD turns or more (at least 1) */
+static inline int64_t amx_turn_size(const int64_t items, const int nthreads) {
+    const int64_t n = items / (AMX_GROUPS_PER_THREAD * nthreads);
+    return n > 1 ? n : 1;
+}
+
 /* The panel orders' GEMM (as panel_gemm) on the tile unit. Threads take groups of column pairs in turn, split
    a group's weights into their own scratch, sized to stay in L2, then multiply them with every block of rows:
    nothing is shared but the split activations, so no barrier after theirs. Each output is one thread's, in
@@ -1210,8 +1216,7 @@ static int amx_panel_gemm(int kind, const void* codes, const void* scales, const
     const int64_t Kb = (K + 31) / 32, Mt = (M + 15) / 16, tiles = N / 16, pairs = (tiles + 1) / 2;
     const int64_t pair_elems = 2 * Kb * BLOCK_ELEMS, a_elems = Mt * Kb * BLOCK_ELEMS;
     const int64_t fit = AMX_B_BYTES / (2 * pair_elems) > 1 ? AMX_B_BYTES / (2 * pair_elems) : 1;
-    const int64_t share = pairs / (AMX_GROUPS_PER_THREAD * nthreads);
-    const int64_t group = share < 1 ? 1 : share < fit ? share : fit;
+    const int64_t share = amx_turn_size(pairs, nthreads), group = share < fit ? share : fit;
     const int64_t row_tiles = AMX_A_BYTES / (2 * Kb * BLOCK_ELEMS) > 1 ? AMX_A_BYTES / (2 * Kb * BLOCK_ELEMS) : 1;
     pthread_mutex_lock(&amx_lock);
     uint16_t* scratch = amx_scratch_for((size_t)a_elems + (size_t)nthreads * group * pair_elems);
@@ -1280,8 +1285,7 @@ static int amx_bf16_gemm(const uint32_t* wq, const float* x, int64_t ldx, float*
                 memcpy(xa + ((m / 16) * Kb + kb) * tile_words + (m % 16) * 16, row, sizeof row);
             }
         }
-        const int64_t chunk = panels / (AMX_GROUPS_PER_THREAD * nthreads) > 1 ?
-                              panels / (AMX_GROUPS_PER_THREAD * nthreads) : 1;
+        const int64_t chunk = amx_turn_size(panels, nthreads);
         for (int64_t mb = 0; mb < Mt; mb += block) {
             const int64_t mb1 = Mt - mb < block ? Mt : mb + block;
 #pragma omp for schedule(dynamic, chunk) nowait /* as amx_panel_gemm: the tile units' rates differ */
