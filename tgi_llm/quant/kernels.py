@@ -1390,8 +1390,10 @@ QW_Q8, QW_Q4_PANEL, QW_F32, QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL = 2, 3, 4, 
 
 
 #: Activation rows from which the panel GEMMs run on AMX tiles, where the CPU has them: below, splitting the
-#: weights into bfloat16 parts (once per call) costs more than the tiles save (docs/PERFORMANCE.md, item 34).
-AMX_MIN_ROWS = 128
+#: weights into bfloat16 parts (once per call) costs more than the tiles save. 128 at item 34; items 43-45 made
+#: the tile GEMM cheaper and the crossover moved to ~72 rows (SmolLM2's linears: equal at 64, tiles 3-7%
+#: faster at 80, 14-18% at 96-112; docs/PERFORMANCE.md, item 46).
+AMX_MIN_ROWS = 80
 #: The same for bfloat16 weights, the tiles' own operand (nothing to split): SmolLM2's linears at 4 rows
 #: 0.38 -> 0.31 ms, at 16 rows 1.26 -> 0.32 ms; at 1-2 rows a stream of weight bytes either way (item 37).
 AMX_BF16_MIN_ROWS = 4
