@@ -5,10 +5,21 @@ its own. Linux hands a process the tiles' register state only when asked (arch_p
 process; each thread then loads a tile configuration before its first tile instruction and releases the
 tiles when done, so that a context switch does not save 8 KB of their state. HAVE_AMX is defined only
 where -march=native has AMX-BF16 and AVX512-BF16 (the split and pair conversions use the latter), so
-other CPUs never see an AMX instruction.
+other CPUs never see an AMX instruction. `pair_words`, the k-pair conversion both the tiles and VDPBF16PS
+read, comes with it wherever AVX512-BF16 is.
 """
 
 AMX_C = r"""
+#if defined(__AVX512BF16__) && VL == 16
+/* Word n: bf16(e[n]) | bf16(o[n]) << 16, rounded to nearest even (VCVTNE2PS2BF16, which also flushes denormals,
+   as the tile unit does anyway): the k-pair layout of TDPBF16PS's B operand and of VDPBF16PS's operands */
+static inline __m512i pair_words(const __m512 e, const __m512 o) {
+    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(o, e));
+}
+#endif
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && VL == 16
 #define HAVE_AMX 1
 #include <sys/syscall.h>

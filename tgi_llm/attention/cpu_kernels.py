@@ -509,14 +509,6 @@ int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, c
 #if defined(__AVX512BF16__) && VL == 16
 int has_bf16_prefill(void) { return 1; }
 
-static const uint16_t INTERLEAVE_IDX[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                           8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-
-static inline __m512i bf16_interleave(const __m512 lo, const __m512 hi) {
-    /* 32-bit lane i: bf16(lo[i]) | bf16(hi[i]) << 16, rounded to nearest even */
-    return _mm512_permutexvar_epi16(_mm512_loadu_si512(INTERLEAVE_IDX), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-}
-
 static inline void bf16_row(const float* restrict x, const float scale, const int64_t D, uint16_t* restrict out) {
     for (int64_t c = 0; c < D; c += VL)
         _mm256_storeu_si256((__m256i*)(out + c), (__m256i)_mm512_cvtneps_pbh(vmul(vld(x + c), vset1(scale))));
@@ -536,7 +528,7 @@ static void convert_kv_tile(const float* kc, const float* vc, const int32_t* tab
         const float* a = t < n ? key_row(vc, table, j0 + t, BS, tok) + h * D : NULL;
         const float* b = t + 1 < n ? key_row(vc, table, j0 + t + 1, BS, tok) + h * D : NULL;
         for (int64_t c = 0; c < D; c += VL)
-            _mm512_storeu_si512(vb + t / 2 * D + c, bf16_interleave(a ? vld(a + c) : zero, b ? vld(b + c) : zero));
+            _mm512_storeu_si512(vb + t / 2 * D + c, pair_words(a ? vld(a + c) : zero, b ? vld(b + c) : zero));
     }
 }
 
@@ -589,8 +581,8 @@ static void prefill_item_bf16(const float* restrict q, const int64_t qs, float* 
         tile_softmax(pt, NRV, NR, KT, j0 + KT - 1 > off + i0, j0, lastv, mx, l, acc, D, 0);
         for (int64_t t = 0; t < np; t++) /* the weights of key pairs, as vdpbf16ps reads them */
             for (int64_t n = 0; n < NR; n++)
-                _mm512_storeu_si512(pp + t * NRV + n * VL, bf16_interleave(vld(pt + 2 * t * NRV + n * VL),
-                                                                           vld(pt + (2 * t + 1) * NRV + n * VL)));
+                _mm512_storeu_si512(pp + t * NRV + n * VL, pair_words(vld(pt + 2 * t * NRV + n * VL),
+                                                                      vld(pt + (2 * t + 1) * NRV + n * VL)));
         const uint32_t* vt = vb + j0 / 2 * D;
         for (int64_t r0 = 0; r0 < NRV; r0 += RP) {
             int64_t c0 = 0;
@@ -687,8 +679,8 @@ static void prefill_item_amx(const float* restrict q, const int64_t qs, float* r
         tile_softmax(pt, NRV, NR, AKT, j0 + AKT - 1 > off + i0, j0, lastv, mx, l, acc, D, 1);
         for (int64_t t = 0; t < AKT / 2; t++) /* the weights of key pairs */
             for (int64_t n = 0; n < NR; n++)
-                _mm512_storeu_si512(pp + t * NRV + n * VL, bf16_interleave(vld(pt + 2 * t * NRV + n * VL),
-                                                                           vld(pt + (2 * t + 1) * NRV + n * VL)));
+                _mm512_storeu_si512(pp + t * NRV + n * VL, pair_words(vld(pt + 2 * t * NRV + n * VL),
+                                                                      vld(pt + (2 * t + 1) * NRV + n * VL)));
         for (int64_t n = 0; n < NR; n++) { /* O^T [16 dims][16 rows] += V^T . P^T */
             _tile_loadd(2, pp + n * VL, NRV * 4);
             for (int64_t d0 = 0; d0 < D; d0 += 16) {

@@ -1065,14 +1065,6 @@ static void split_rows(const float* x, const int64_t ldx, const int64_t M, const
             }
 }
 
-/* Word n: bf16(e[n]) | bf16(o[n]) << 16, the k-pair layout of TDPBF16PS's B operand; VCVTNE2PS2BF16 rounds to
-   nearest even, as round_bf16 does (it also flushes denormals, which the tile unit flushes anyway) */
-static inline __m512i pair_words(const __m512 e, const __m512 o) {
-    const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
-                                                23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-    return _mm512_permutexvar_epi16(interleave, (__m512i)_mm512_cvtne2ps_pbh(o, e));
-}
-
 /* A float32 panel chunk [kc][NW] (k from k0, kc even) -> the split tiles of its nh column tiles of 16 at B
    (B: the first of them, [K / 32][part] blocks each); returns whether any third weight part is nonzero.
    Each part is what the parts before it left, rounded: the parts of split3, 32 weights a conversion. */
