@@ -100,3 +100,36 @@ def test_kernels_under_an_ascii_interpreter_build_or_fall_back_once(tmp_path, ke
     assert log.read_text().count("x") == 1  # one build attempt, however many callers
     if fails:
         assert "CPU attention: torch path" in done.stderr.decode(errors="replace")
+
+
+@needs_cc
+def test_processes_building_the_same_library_at_once_compile_it_once(tmp_path, kernel_cache):
+    """As the launcher's kernels step and the model's load on a first start, or tensor-parallel ranks: the
+    second waits for the first's build and loads it."""
+    log = tmp_path / "calls"
+    cc = script(tmp_path / "slow-cc", f'echo x >> {log}\nsleep 2\nexec {REAL_CC} "$@"\n')
+    code = ("import sys; from tgi_llm.native_build import build_library;"
+            f"print(build_library('tiny', {TINY!r}, compiler={cc!r}))")
+    env = {"PATH": "/usr/bin:/bin", "TGI_LLM_KERNEL_CACHE": str(kernel_cache),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    builders = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [b.communicate(timeout=300) for b in builders]
+    assert [b.returncode for b in builders] == [0, 0], outputs
+    paths = {out.strip() for out, _ in outputs}
+    assert len(paths) == 1 and Path(paths.pop()).exists()
+    assert log.read_text().count("x") == 1
+
+
+@needs_cc
+def test_a_build_that_never_ends_elsewhere_is_one_error_not_a_hang(tmp_path, kernel_cache, monkeypatch):
+    import fcntl
+
+    monkeypatch.setattr(native_build, "LOCK_WAIT_S", 0.5)
+    first = build_library("tiny", TINY, compiler=REAL_CC)
+    first.unlink()
+    with open(first.with_suffix(".lock"), "a+b") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # as a process stuck in its build would hold it
+        with pytest.raises(NativeBuildError, match="another process has been building tiny"):
+            build_library("tiny", TINY, compiler=REAL_CC)
+    assert build_library("tiny", TINY, compiler=REAL_CC) == first  # once it lets go, the build goes on

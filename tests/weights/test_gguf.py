@@ -194,6 +194,25 @@ def test_an_unwritable_index_costs_a_hash_and_leaves_no_temp_file(mini_gguf, tmp
     assert resolve_mod.gguf_cache_dir(mini_gguf, tmp_path) == first
 
 
+def test_the_conversion_parses_the_gguf_header_once(mini_gguf, tmp_path, monkeypatch):
+    """transformers opens the file three times (config, tokenizer, weights); each parse of the header cost
+    5.7 s on the default model. The same directory comes out, and gguf is left as it was."""
+    import gguf
+
+    opened = []
+    original = gguf.GGUFReader
+
+    def counting(path, *args, **kwargs):
+        opened.append(path)
+        return original(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting)
+    model_dir = resolve_model_dir(str(mini_gguf), cache_dir=tmp_path, progress=False)
+    assert len(opened) == 1
+    assert gguf.GGUFReader is counting
+    assert (model_dir / "model.safetensors").is_file() and (model_dir / "tokenizer.json").is_file()
+
+
 def test_failed_conversion_leaves_nothing_behind(mini_gguf, tmp_path, monkeypatch):
     def crash(*args, **kwargs):
         raise OSError("disk full")

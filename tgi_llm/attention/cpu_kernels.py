@@ -1048,6 +1048,11 @@ def _choose_prefill(kernels: CpuAttentionKernels) -> str:
     return f"measured: kernel {best['kernel'] * 1e3:.1f} ms, SDPA {best['torch'] * 1e3:.1f} ms"
 
 
+def library_path() -> Path:
+    """This CPU's build of the kernels (compiled once per machine, native_build.py)."""
+    return build_library("cpu_attention", _SOURCE)
+
+
 def cpu_attention_kernels() -> CpuAttentionKernels | None:
     """The compiled kernels, or None where they can't be built, load or pass their self-check, or are
     switched off with TGI_LLM_CPU_KERNELS=0. Decided once per process (the model loader calls this before
@@ -1061,7 +1066,7 @@ def cpu_attention_kernels() -> CpuAttentionKernels | None:
                 logger.info("CPU attention: torch path (C kernels switched off by TGI_LLM_CPU_KERNELS=0)")
             else:
                 try:
-                    kernels = CpuAttentionKernels(build_library("cpu_attention", _SOURCE))
+                    kernels = CpuAttentionKernels(library_path())
                     _self_check(kernels)
                     why = _choose_prefill(kernels)
                     _kernels = kernels

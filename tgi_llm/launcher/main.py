@@ -23,6 +23,7 @@ from tgi_llm.launcher.front import STOP_TIMEOUT_S as FRONT_STOP_TIMEOUT_S
 from tgi_llm.launcher.front import front_command
 from tgi_llm.launcher.gateway import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from tgi_llm.launcher.gateway import gateway_command
+from tgi_llm.launcher.kernels_step import start_kernels_step
 from tgi_llm.launcher.logs import setup_logging
 from tgi_llm.launcher.process import ServerProcess
 from tgi_llm.launcher.repository import MODEL_NAME, write_repository
@@ -65,6 +66,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _error("ArgumentValidation", str(exc))
     if args.huggingface_hub_cache:
         os.environ["HF_HUB_CACHE"] = os.environ["HUGGINGFACE_HUB_CACHE"] = args.huggingface_hub_cache
+    kernels = start_kernels_step(args.log_level, args.json_output)  # beside the weights step: a core each
+    try:
+        return _prepare_and_serve(args)
+    finally:
+        if kernels is not None:
+            kernels.stop()
+
+
+def _prepare_and_serve(args) -> int:
     try:
         model_dir = prepare_weights(args.model_id, args.revision, args.log_level, args.json_output)
     except Exception as exc:

@@ -218,6 +218,11 @@ def load_library(path: Path) -> ctypes.CDLL:
     return lib
 
 
+def library_path() -> Path:
+    """This CPU's build of the stack (compiled once per machine, native_build.py)."""
+    return build_library("fused_decode", _SOURCE, flags=_FLAGS)
+
+
 def library() -> ctypes.CDLL | None:
     """The compiled stack (built once per machine and cached, like the kernels), or None if it can't be."""
     global _lib, _tried
@@ -226,7 +231,7 @@ def library() -> ctypes.CDLL | None:
     with _lock:
         if not _tried:
             try:
-                _lib = load_library(build_library("fused_decode", _SOURCE, flags=_FLAGS))
+                _lib = load_library(library_path())
             except Exception as exc:  # an optional fast path: the torch layers serve without it
                 logger.warning("fused decode: unavailable, decode steps run the torch layers: %s", exc)
             _tried = True

@@ -1541,6 +1541,11 @@ def _self_check_amx(kernels: QuantKernels) -> None:
         kernels.set_amx_min_rows(AMX_MIN_ROWS if kernels.amx else 0)
 
 
+def library_path() -> Path:
+    """This CPU's build of the kernels (compiled once per machine, native_build.py)."""
+    return build_library("quant_linear", _SOURCE)
+
+
 def quant_kernels() -> QuantKernels | None:
     """The compiled kernels, or None where they can't be built, load or pass their self-check, or are
     switched off with TGI_LLM_QUANT_KERNELS=0. Decided once per process and logged once."""
@@ -1553,7 +1558,7 @@ def quant_kernels() -> QuantKernels | None:
                 logger.info("quantized linears: torch path (C kernels switched off by TGI_LLM_QUANT_KERNELS=0)")
             else:
                 try:
-                    kernels = QuantKernels(build_library("quant_linear", _SOURCE))
+                    kernels = QuantKernels(library_path())
                     _self_check(kernels)
                     if kernels.amx:
                         _self_check_amx(kernels)

@@ -13,11 +13,11 @@ import logging
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.gguf_blocks import SUPPORTED, from_gguf_blocks
+from tgi_llm.weights.gguf_header import GGUFTensor, read_directory
 from tgi_llm.weights.resolve import MARKER_FILE
 
 logger = logging.getLogger(__name__)
@@ -61,17 +61,14 @@ class GGUFQuantizedTensors:
     """HF name -> QuantizedWeight for every tensor of a supported quantized type; float ones are not here."""
 
     def __init__(self, path: str | Path, num_heads: int, num_kv_heads: int) -> None:
-        import gguf
-
         self.path = Path(path)
-        reader = gguf.GGUFReader(self.path)
-        arch_field = reader.fields.get("general.architecture")
-        arch = arch_field.contents() if arch_field is not None else "llama"
-        self._tensors: dict[str, object] = {}
+        directory = read_directory(self.path)
+        arch = directory.architecture or "llama"
+        self._tensors: dict[str, GGUFTensor] = {}
         self.types: dict[str, str] = {}
-        for t in reader.tensors:
+        for t in directory.tensors:
             name = hf_name(t.name)
-            kind = t.tensor_type.name
+            kind = t.type_name
             if name is None or kind in ("F32", "F16", "BF16"):
                 continue
             if kind not in SUPPORTED:
@@ -87,7 +84,7 @@ class GGUFQuantizedTensors:
     def get(self, name: str) -> QuantizedWeight:
         t = self._tensors[name]
         k, rows = (int(d) for d in t.shape)  # GGUF lists dims innermost first
-        qw = from_gguf_blocks(self.types[name], np.asarray(t.data), rows, k)
+        qw = from_gguf_blocks(self.types[name], t.data, rows, k)
         proj = name.split(".")[-2]
         if proj in self._heads:
             qw = qw.rows(_unpermute_rows(rows, self._heads[proj]))
