@@ -47,6 +47,12 @@ class TritonGrpcClient:
             options = [
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
                 ("grpc.max_receive_message_length", _MAX_MESSAGE),
+                # tritonserver is on loopback, started beside the front and restarted after a model failure:
+                # a reconnect is cheap, and gRPC's default backoff (up to 120 s) would keep the front
+                # answering 503 long after the model is ready again.
+                ("grpc.initial_reconnect_backoff_ms", 100),
+                ("grpc.min_reconnect_backoff_ms", 100),
+                ("grpc.max_reconnect_backoff_ms", 1000),
             ]
             self._channel = grpc.aio.insecure_channel(self.url, options=options)
             self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)

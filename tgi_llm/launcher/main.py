@@ -132,6 +132,12 @@ def _serve(args, model_dir: Path, work_dir: Path) -> int:
 
 def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, children: list[ChildProcess]) -> int:
     gateway = children[0]
+    front = None
+    if args.port:  # started now, its imports beside the model's load; its /health is 503 until the model is ready
+        front = ChildProcess("HTTP front", front_command(args, model_dir, triton), env_with_api_key(args.api_key),
+                             FRONT_STOP_TIMEOUT_S)
+        front.start()
+        children.append(front)
     if not supervisor.start():
         code = supervisor.end_failed_start()
         if supervisor.stopping:
@@ -151,11 +157,7 @@ def _run(args, model_dir: Path, triton: ServerConfig, supervisor: Supervisor, ch
             return _stopped(code)
         return _error("WebserverFailed", f"the gateway did not start on ports {args.http_port}, {args.grpc_port} "
                       f"and {args.metrics_port}")
-    if args.port:
-        front = ChildProcess("HTTP front", front_command(args, model_dir, triton), env_with_api_key(args.api_key),
-                             FRONT_STOP_TIMEOUT_S)
-        front.start()
-        children.append(front)
+    if front is not None:
         if not front.wait_ready(f"http://{host}:{args.port}/health", give_up=stopping):
             requested = stopping()
             code = supervisor.end_failed_start()
