@@ -65,7 +65,6 @@ class GGUFQuantizedTensors:
         directory = read_directory(self.path)
         arch = directory.architecture or "llama"
         self._tensors: dict[str, GGUFTensor] = {}
-        self.types: dict[str, str] = {}
         for t in directory.tensors:
             name = hf_name(t.name)
             kind = t.type_name
@@ -75,8 +74,12 @@ class GGUFQuantizedTensors:
                 raise ValueError(f"{self.path.name}: tensor {t.name} is {kind}; served natively are "
                                  f"{', '.join(SUPPORTED)} (or start with --quantize float to dequantize)")
             self._tensors[name] = t
-            self.types[name] = kind
         self._heads = {"q_proj": num_heads, "k_proj": num_kv_heads} if arch in _PERMUTED else {}
+
+    @property
+    def types(self) -> dict[str, str]:
+        """HF name -> GGML type, for every tensor here."""
+        return {name: t.type_name for name, t in self._tensors.items()}
 
     def __contains__(self, name: str) -> bool:
         return name in self._tensors
@@ -84,7 +87,7 @@ class GGUFQuantizedTensors:
     def get(self, name: str) -> QuantizedWeight:
         t = self._tensors[name]
         k, rows = (int(d) for d in t.shape)  # GGUF lists dims innermost first
-        qw = from_gguf_blocks(self.types[name], t.data, rows, k)
+        qw = from_gguf_blocks(t.type_name, t.data, rows, k)
         proj = name.split(".")[-2]
         if proj in self._heads:
             qw = qw.rows(_unpermute_rows(rows, self._heads[proj]))
