@@ -239,9 +239,9 @@ def _is_python(pid: int) -> bool:
         return False
 
 
-def test_shards_that_cannot_start_fail_the_launch_instead_of_hanging_it(tiny_llama_dir):
+def test_shards_that_cannot_start_fail_the_launch_instead_of_hanging_it(tiny_llama_dir, tmp_path):
     """MPI_Comm_spawn waits forever for children that never connect; in its own process, as it leaves
-    MPI unusable there."""
+    MPI unusable there. Nothing is left in its temporary directory (the mpiexec shim's)."""
     code = f"""
 from tgi_llm import LLM
 try:
@@ -249,13 +249,14 @@ try:
 except RuntimeError as exc:
     print("raised:", exc)
 """
-    env = dict(os.environ, TGI_SHARD_PYTHON="/bin/false", TGI_SHARD_SPAWN_TIMEOUT_S="3")
+    env = dict(os.environ, TGI_SHARD_PYTHON="/bin/false", TGI_SHARD_SPAWN_TIMEOUT_S="3", TMPDIR=str(tmp_path))
     before = set(Path("/dev/shm").glob("mpich_shm_*"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=HANG_GUARD_S)
     assert "raised: shard processes did not start within 3s" in out.stdout, out.stdout + out.stderr
     assert out.returncode == 0
     assert set(Path("/dev/shm").glob("mpich_shm_*")) <= before  # MPI's segment is not left behind
+    assert list(tmp_path.glob("tgi-llm-mpiexec-*")) == []
 
 
 # ---- the real default model: 9 attention heads, 3 KV heads ----

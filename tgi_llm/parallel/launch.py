@@ -280,7 +280,9 @@ def _mpiexec_shim() -> Iterator[None]:
         return
     tmp = tempfile.mkdtemp(prefix="tgi-llm-mpiexec-")
     shim = Path(tmp) / "mpiexec"
-    shim.write_text(f"#!/bin/sh\nexec {_python()} -S -c 'import os, sys; os.setsid(); "
+    # The shim removes its own directory once run: a Spawn that never returns (shards that cannot start)
+    # leaves this thread waiting in it, and the finally below never runs.
+    shim.write_text(f"#!/bin/sh\nrm -rf '{tmp}'\nexec {_python()} -S -c 'import os, sys; os.setsid(); "
                     f"os.execv(sys.argv[1], sys.argv[1:])' {real} \"$@\"\n", encoding="utf-8")
     shim.chmod(0o755)
     saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH")}
