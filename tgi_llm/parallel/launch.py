@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -282,8 +283,8 @@ def _mpiexec_shim() -> Iterator[None]:
     shim = Path(tmp) / "mpiexec"
     # The shim removes its own directory once run: a Spawn that never returns (shards that cannot start)
     # leaves this thread waiting in it, and the finally below never runs.
-    shim.write_text(f"#!/bin/sh\nrm -rf '{tmp}'\nexec {_python()} -S -c 'import os, sys; os.setsid(); "
-                    f"os.execv(sys.argv[1], sys.argv[1:])' {real} \"$@\"\n", encoding="utf-8")
+    shim.write_text(f"#!/bin/sh\nrm -rf {shlex.quote(tmp)}\nexec {shlex.quote(_python())} -S -c 'import os, sys; "
+                    f"os.setsid(); os.execv(sys.argv[1], sys.argv[1:])' {shlex.quote(real)} \"$@\"\n", encoding="utf-8")
     shim.chmod(0o755)
     saved = {k: os.environ.get(k) for k in ("PATH", "PYTHONPATH")}
     os.environ["PATH"] = os.pathsep.join([tmp, saved["PATH"] or ""])
