@@ -1,12 +1,14 @@
 """The model's process dies under load (SIGKILL of the Python backend stub): every request in flight ends
 with an error within 5 s, the launcher restarts tritonserver (the default --on-model-failure) while the
 public ports answer 503, serving resumes within 60 s, no shared memory is left; then a graceful stop after
-load exits 0 within 10 s, with the model's finalize run."""
+load exits 0 within 10 s, with the model's finalize run; the killed tritonserver's Python backend directory
+is removed."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -143,5 +145,8 @@ def test_killed_model_process_fails_in_flight_requests_restarts_and_stops_cleanl
         assert log.rfind("model finalized") > log.rfind("received SIGTERM")
         assert "Non-graceful termination" not in log[log.rfind("received SIGTERM"):]
         assert not (SHM_DIR / new_region).exists()
+        # the killed tritonserver's backend directory was removed by the launcher (the last one removes its own)
+        (removed,) = re.findall(r"removed the Python backend directory left by tritonserver: (\S+)", log)
+        assert removed.startswith("/tmp/python_env_") and not os.path.exists(removed)
     finally:
         server.stop()

@@ -9,7 +9,8 @@ ten minutes, and it exits 1 as TGI's launcher does on a shard failure, so an orc
 A model process (the Python backend stub) that dies takes its in-flight requests with it: tritonserver
 would wait for them for --graceful-termination-timeout, and keep answering new ones with errors. So
 tritonserver is killed at once (the clients' connections through the gateway then end with an error),
-and the stubs' shared memory, which only a clean unload removes, is removed here.
+and what only a clean unload removes, the stubs' shared memory and the backend's scratch directory
+(python_env.py), is removed here.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tgi_llm.launcher.child import ChildProcess
 from tgi_llm.launcher.process import ServerProcess
+from tgi_llm.launcher.python_env import env_dirs, new_env_dir, remove_env_dirs
 from tgi_llm.launcher.shm import remove_regions, stub_regions
 from tgi_llm.procfs import pid_alive
 
@@ -86,6 +89,7 @@ class Supervisor:
         self._stop_event = threading.Event()
         self._stub_pids: list[int] = []
         self._regions: list[str] = []
+        self._env_dirs: list[Path] = []
 
     # ---- stop requests (signal handlers) ----
     @contextlib.contextmanager
@@ -126,16 +130,19 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 server.kill()
             server.wait()
-        self._clean_shm()
+        self._remove_leftovers()
 
     # ---- tritonserver's life ----
     def start(self, timeout_s: float | None = None) -> bool:
         """Start tritonserver and wait for the model; False if it failed (or a stop was requested)."""
         self.server = server = self.make_server()
+        before = env_dirs()
         server.start()
         if self.stopping:  # a signal came while starting
             server.stop()
         ready = server.wait_ready(self.ready_url, timeout_s=timeout_s)
+        if (env_dir := new_env_dir(before)) is not None:
+            self._env_dirs.append(env_dir)
         if ready:
             self._stub_pids = server.model_processes(self.model)
             self._regions += stub_regions(self._stub_pids)
@@ -150,7 +157,7 @@ class Supervisor:
         if self.server.process.poll() is None:
             self.server.stop()
         code = self.server.wait()
-        self._clean_shm()
+        self._remove_leftovers()
         return code
 
     def run(self, children: Sequence[ChildProcess]) -> int:
@@ -184,7 +191,7 @@ class Supervisor:
                         logger.error("%s: stopping tritonserver", message)
                         server.stop()
                         server.wait()
-                        self._clean_shm()
+                        self._remove_leftovers()
                         return message
                 if server.model_unloaded.is_set():
                     return _ModelFailure(f"model `{self.model}` unloaded itself: its engine or a shard failed", False)
@@ -202,7 +209,7 @@ class Supervisor:
                         return _ModelFailure(f"model `{self.model}` is no longer ready", False)
             time.sleep(POLL_S)
         code = server.wait()
-        self._clean_shm()
+        self._remove_leftovers()
         if self.stopping:
             return code
         return _ModelFailure(f"tritonserver exited unexpectedly with status {code}", True)
@@ -221,7 +228,7 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 server.kill()
         server.wait()
-        self._clean_shm()
+        self._remove_leftovers()
 
     def _restart(self) -> bool:
         """Back off, start tritonserver again and wait for the model; False if that failed or we stop."""
@@ -238,6 +245,9 @@ class Supervisor:
         self.end_failed_start()
         return False
 
-    def _clean_shm(self) -> None:
+    def _remove_leftovers(self) -> None:
+        """What a tritonserver that is gone left: its stubs' shared memory, its Python backend directory."""
         remove_regions(self._regions)
         self._regions = []
+        remove_env_dirs(self._env_dirs)
+        self._env_dirs = []
