@@ -171,3 +171,53 @@ def test_switched_off_by_environment(monkeypatch):
         assert other is not None and not other.amx
     finally:
         kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS)  # the library, and so the setting, is process-wide
+
+
+def decode(desc, x):
+    """The decode branch of `quant_apply` (fewer rows than the GEMM's), where q4 codes may take the tiles."""
+    return kernel.apply(x, desc, 17)
+
+
+@pytest.mark.parametrize("layout", ["q4 g32", "q4 g64 fp32 scales"])
+@pytest.mark.parametrize(("n", "k"), [(16, 64), (48, 576), (80, 1536)])
+@pytest.mark.parametrize("m", [1, 7, 12, 16])
+def test_q4_decode_rows_on_tiles_are_as_accurate_as_the_decode_kernel(on_tiles, layout, n, k, m):
+    """`amx_q4_rows`: one row tile (rows past m zero), turns of three column tiles (80 columns: a turn of
+    three and one of two), groups of one and two k-blocks, float16 and float32 scales."""
+    gen = torch.Generator().manual_seed(n + k + m)
+    desc, dense, _keep = held(layout, torch.randn(n, k, generator=gen))
+    x = torch.randn(m, k, generator=gen)
+    want = x.double() @ dense.double().T
+    got = decode(desc, x).double()
+    kernel.set_amx_min_rows(0)
+    avx = decode(desc, x).double()
+    assert not torch.equal(got, avx) or m == 1  # else the tiles were not taken (one row may round alike)
+    scale = want.abs().max().item() + 1
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+    assert (got - want).abs().max() <= 2 * (avx - want).abs().max() + 1e-6 * scale
+
+
+def test_q4_decode_rows_of_the_identity_return_the_weights_exactly(on_tiles):
+    desc, dense, _keep = held("q4 g32", torch.randn(5 * LANES, 192, generator=torch.Generator().manual_seed(3)))
+    for rows in (slice(0, 16), slice(176, 192), slice(40, 45)):
+        assert torch.equal(decode(desc, torch.eye(192)[rows]), dense.T[rows])
+
+
+def test_q4_decode_rows_take_the_tiles_from_their_threshold():
+    """The default dispatch: below AMX_Q4_ROWS_MIN rows the AVX-512 decode kernel's result bit for bit,
+    from there to 16 rows the tiles', from 17 the GEMM's."""
+    gen = torch.Generator().manual_seed(11)
+    desc, _, _keep = held("q4 g32", torch.randn(4 * LANES, 576, generator=gen))
+    x = torch.randn(16, 576, generator=gen)
+    first = kernels_mod.AMX_Q4_ROWS_MIN
+    kernel.set_amx_min_rows(0)
+    try:
+        avx = [decode(desc, x[:m]) for m in (first - 1, first, 16)]
+        kernel.set_amx_min_rows(1)
+        tiles = [decode(desc, x[:m]) for m in (first, 16)]
+    finally:
+        kernel.set_amx_min_rows(kernels_mod.AMX_MIN_ROWS)
+    assert not torch.equal(avx[2], tiles[1])  # else this test could not tell the paths apart
+    assert torch.equal(decode(desc, x[:first - 1]), avx[0])
+    assert torch.equal(decode(desc, x[:first]), tiles[0])
+    assert torch.equal(decode(desc, x), tiles[1])

@@ -19,7 +19,8 @@ Rows are split over OpenMP threads. The code uses AVX2 or AVX-512 intrinsics whe
 (native_build) has them and GCC vectors elsewhere; float16 scales go through F16C where the CPU has it.
 Where the CPU has AMX-BF16 (Intel Xeon from Sapphire Rapids on), the panel orders' GEMMs run on the tile
 unit from AMX_MIN_ROWS rows: float32 operands split into bfloat16 parts keep float32's accuracy there, and
-bfloat16 weights (--dtype bfloat16) are the tiles' operand as they are.
+bfloat16 weights (--dtype bfloat16) are the tiles' operand as they are. q4 codes take the tiles at decode
+rows too (AMX_Q4_ROWS_MIN to 16), the codes themselves the weight operand (exact in bfloat16).
 
 Built at model load by `tgi_llm.native_build`, checked against the torch reference, optional: when it is
 unavailable (no compiler, failed check, TGI_LLM_QUANT_KERNELS=0) QuantLinear dequantizes in torch.
@@ -1314,6 +1315,120 @@ static int amx_bf16_gemm(const uint32_t* wq, const float* x, int64_t ldx, float*
     pthread_mutex_unlock(&amx_lock);
     return 0;
 }
+
+/* q4 panel codes at decode rows (up to 16: one row tile) on the tile unit, the codes as the weight operand:
+   a 4-bit code is exact in bfloat16, so per group x . w = d (x . q) + m sum(x), x split in three exact parts
+   (float32's 24 bits) and three products per output tile and k-block of 32. A k-block's tile sums are stored
+   and scaled by d (and m sum(x)) in AVX-512 while the next block's products run. The codes become B tiles per
+   call, 4 k-pairs of a panel vector at a time: a k-pair's two nibbles of each column moved into the two words
+   of a lane, then their bfloat16 values by a 32-word table (VPERMW reads an index's low 5 bits). Threads take
+   groups of Q4D_TILES column tiles in turn (the tile units' rates differ per core: item 43). Needs the panel
+   width of 16 and groups a multiple of 32. Against the AVX-512 decode kernel (SmolLM2's layer linears at 16
+   rows, 2 threads): 1.3-1.45x; below ~10 rows the codes' expansion costs what the tiles save.
+   Returns -1 (nothing written) when the scratch could not be allocated. */
+#define Q4D_TILES 3
+static inline void q4_codes_tile(const uint32_t* w, uint16_t* b, const __m512i table) {
+    for (int v = 0; v < 4; v++) { /* 8 k of 16 columns: nibble i of word j = code(column j, k + i) */
+        const __m512i word = _mm512_loadu_si512(w + v * 16);
+        for (int p = 0; p < 4; p++) {
+            const __m512i t = _mm512_and_si512(_mm512_srli_epi32(word, 8 * p), _mm512_set1_epi32(255));
+            _mm512_store_si512((__m512i*)(b + (v * 4 + p) * 32),
+                               _mm512_permutexvar_epi16(_mm512_or_si512(t, _mm512_slli_epi32(t, 12)), table));
+        }
+    }
+}
+
+static inline __m512 load_scales(const void* s, const int64_t at, const int f16) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)s + at)))
+               : _mm512_loadu_ps((const float*)s + at);
+}
+
+static int amx_q4_rows(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
+                       const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                       int nthreads) {
+    const int64_t Kb = K / 32, G = K / g, per_group = g / 32, tiles = N / 16;
+    const int64_t turns = (tiles + Q4D_TILES - 1) / Q4D_TILES;
+    pthread_mutex_lock(&amx_lock);
+    uint16_t* A = amx_scratch_for((size_t)Kb * BLOCK_ELEMS + Kb * 16 * 2);
+    if (!A) { pthread_mutex_unlock(&amx_lock); return -1; }
+    float* sx = (float*)(A + Kb * BLOCK_ELEMS); /* [Kb][16]: each row's sum over a k-block */
+    for (int64_t m = 0; m < 16; m++)
+        for (int64_t kb = 0; kb < Kb; kb++)
+            sx[kb * 16 + m] = m < M ? _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(x + m * ldx + kb * 32),
+                                                                          _mm512_loadu_ps(x + m * ldx + kb * 32 + 16)))
+                                    : 0.f;
+    split_rows(x, ldx, M, K, Kb, 0, 16, A);
+#pragma omp parallel num_threads(nthreads)
+    {
+        amx_configure();
+        uint16_t table_words[32];
+        for (int i = 0; i < 32; i++) {
+            const float f = (float)(i & 15);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            table_words[i] = (uint16_t)(u >> 16);
+        }
+        const __m512i table = _mm512_loadu_si512(table_words);
+        uint16_t B[2][Q4D_TILES][TILE_ELEMS] __attribute__((aligned(64)));
+        float c[2][Q4D_TILES][256] __attribute__((aligned(64)));
+        float acc[16][Q4D_TILES * 16] __attribute__((aligned(64)));
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t turn = 0; turn < turns; turn++) {
+            const int64_t t0 = turn * Q4D_TILES, nt = tiles - t0 < Q4D_TILES ? tiles - t0 : Q4D_TILES;
+            const uint8_t* panel = codes + t0 * 8 * K; /* 16 columns x K / 2 bytes a panel */
+            memset(acc, 0, sizeof acc);
+            for (int64_t j = 0; j < nt; j++) q4_codes_tile((const uint32_t*)(panel + j * 8 * K), B[0][j], table);
+            for (int64_t kb = 0; kb <= Kb; kb++) {
+                if (kb < Kb) { /* this block's products; the next block's codes expanded meanwhile */
+                    const uint16_t* a = A + kb * BLOCK_ELEMS;
+                    _tile_zero(0); _tile_zero(1); _tile_zero(2);
+                    _tile_loadd(5, B[kb & 1][0], 64);
+                    if (nt > 1) _tile_loadd(6, B[kb & 1][1], 64);
+                    if (nt > 2) _tile_loadd(7, B[kb & 1][2], 64);
+                    _tile_loadd(3, a, 64);
+                    _tile_loadd(4, a + PART_STRIDE, 64);
+                    _tile_dpbf16ps(0, 3, 5);
+                    if (nt > 1) _tile_dpbf16ps(1, 3, 6);
+                    if (nt > 2) _tile_dpbf16ps(2, 3, 7);
+                    _tile_loadd(3, a + 2 * PART_STRIDE, 64);
+                    _tile_dpbf16ps(0, 4, 5);
+                    if (nt > 1) _tile_dpbf16ps(1, 4, 6);
+                    if (nt > 2) _tile_dpbf16ps(2, 4, 7);
+                    _tile_dpbf16ps(0, 3, 5);
+                    if (nt > 1) _tile_dpbf16ps(1, 3, 6);
+                    if (nt > 2) _tile_dpbf16ps(2, 3, 7);
+                    if (kb + 1 < Kb)
+                        for (int64_t j = 0; j < nt; j++)
+                            q4_codes_tile((const uint32_t*)(panel + j * 8 * K + (kb + 1) * 256), B[(kb + 1) & 1][j],
+                                          table);
+                }
+                if (kb > 0) { /* the previous block's sums, scaled */
+                    const int64_t pk = kb - 1;
+                    for (int64_t j = 0; j < nt; j++) {
+                        const int64_t at = ((t0 + j) * G + pk / per_group) * 16;
+                        const __m512 d = load_scales(scales, at, f16), mn = load_scales(mins, at, f16);
+                        const float* cj = c[pk & 1][j];
+                        for (int64_t r = 0; r < M; r++) {
+                            __m512 o = _mm512_load_ps(acc[r] + j * 16);
+                            o = _mm512_fmadd_ps(d, _mm512_load_ps(cj + r * 16), o);
+                            o = _mm512_fmadd_ps(mn, _mm512_set1_ps(sx[pk * 16 + r]), o);
+                            _mm512_store_ps(acc[r] + j * 16, o);
+                        }
+                    }
+                }
+                if (kb < Kb) {
+                    _tile_stored(0, c[kb & 1][0], 64);
+                    if (nt > 1) _tile_stored(1, c[kb & 1][1], 64);
+                    if (nt > 2) _tile_stored(2, c[kb & 1][2], 64);
+                }
+            }
+            for (int64_t r = 0; r < M; r++) memcpy(y + r * ldy + t0 * 16, acc[r], nt * 64);
+        }
+        _tile_release();
+    }
+    pthread_mutex_unlock(&amx_lock);
+    return 0;
+}
 #else
 int amx_usable(void) { return 0; }
 #endif
@@ -1331,10 +1446,11 @@ typedef struct {
 
 /* Rows from which the panel orders' GEMMs run on the tile unit (0: never): float32 and quantized weights
    (split operands), bfloat16 weights (their own operand); set by QuantKernels where amx_usable() */
-static int64_t amx_min_rows = 0, amx_bf16_min_rows = 0;
-void set_amx_min_rows(int64_t rows, int64_t bf16_rows) {
+static int64_t amx_min_rows = 0, amx_bf16_min_rows = 0, amx_q4_rows_min = 0;
+void set_amx_min_rows(int64_t rows, int64_t bf16_rows, int64_t q4_rows) {
     amx_min_rows = amx_usable() ? rows : 0;
     amx_bf16_min_rows = amx_usable() ? bf16_rows : 0;
+    amx_q4_rows_min = amx_usable() ? q4_rows : 0;
 }
 
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
@@ -1353,7 +1469,14 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 #define Q4(fn) fn(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads)
         case QW_Q4_GGUF: Q4(q4_linear); break;
         case QW_Q4_X8: Q4(q4x8_linear); break;
-        case QW_Q4_PANEL: Q4(q4p_linear); break;
+        case QW_Q4_PANEL:
+#ifdef HAVE_AMX
+            if (amx_q4_rows_min > 0 && M >= amx_q4_rows_min && M <= 16 && w->group % 32 == 0 &&
+                amx_q4_rows(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads) == 0)
+                break;
+#endif
+            Q4(q4p_linear);
+            break;
         case QW_Q8_PANEL: Q4(q8p_linear); break;
         case QW_F32: f32_linear(w->codes, x, ldx, y, ldy, M, N, K, nthreads); break;
         default: q8_linear(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
@@ -1389,6 +1512,10 @@ AMX_MIN_ROWS = 80
 #: The same for bfloat16 weights, the tiles' own operand (nothing to split): SmolLM2's linears at 4 rows
 #: 0.38 -> 0.31 ms, at 16 rows 1.26 -> 0.32 ms; at 1-2 rows a stream of weight bytes either way (item 37).
 AMX_BF16_MIN_ROWS = 4
+#: Rows from which (to 16) q4 panel codes take the tile unit below the GEMM (`amx_q4_rows`): SmolLM2's layer
+#: linears, 2 threads, against the AVX-512 decode kernel: 8-10 rows level, 12 rows 1.08-1.28x, 13-16 rows 0.97-1.67x
+#: (the AVX kernel's time moves 2x with the host, the tiles' less).
+AMX_Q4_ROWS_MIN = 12
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -1438,7 +1565,7 @@ class QuantKernels:
         lib.quant_apply.argtypes = [p, p, i64, p, i64, i64, i64, ctypes.c_int]
         lib.quant_apply.restype = None
         lib.amx_usable.restype = ctypes.c_int
-        lib.set_amx_min_rows.argtypes = [i64, i64]
+        lib.set_amx_min_rows.argtypes = [i64, i64, i64]
         lib.set_amx_min_rows.restype = None
         #: `quant_apply`'s address, for C callers (the fused decode stack)
         self.apply_address = ctypes.cast(lib.quant_apply, ctypes.c_void_p).value
@@ -1456,9 +1583,9 @@ class QuantKernels:
 
     def set_amx_min_rows(self, rows: int) -> None:
         """From how many activation rows the panel GEMMs take the tile unit (0: never; bfloat16 weights from
-        min(rows, AMX_BF16_MIN_ROWS)); a no-op without AMX. Process-wide: the tests force 1 to run small
-        shapes there."""
-        self._lib.set_amx_min_rows(rows, min(rows, AMX_BF16_MIN_ROWS))
+        min(rows, AMX_BF16_MIN_ROWS), q4 decode rows from min(rows, AMX_Q4_ROWS_MIN) to 16); a no-op without
+        AMX. Process-wide: the tests force 1 to run small shapes there."""
+        self._lib.set_amx_min_rows(rows, min(rows, AMX_BF16_MIN_ROWS), min(rows, AMX_Q4_ROWS_MIN))
 
     def apply(self, x: torch.Tensor, desc: WeightDesc, gemm_min: int, out: torch.Tensor | None = None
               ) -> torch.Tensor:
@@ -1564,7 +1691,8 @@ def quant_kernels() -> QuantKernels | None:
                         _self_check_amx(kernels)
                     _kernels = kernels
                     logger.info("quantized linears: C kernels (pid %d)%s", os.getpid(),
-                                f", AMX tiles from {AMX_MIN_ROWS} rows ({AMX_BF16_MIN_ROWS} for bfloat16 weights)"
+                                f", AMX tiles from {AMX_MIN_ROWS} rows ({AMX_BF16_MIN_ROWS} for bfloat16 weights, "
+                                f"{AMX_Q4_ROWS_MIN}-16 for q4 decode rows)"
                                 if kernels.amx else "")
                 except Exception as exc:  # an optional fast path: whatever went wrong, serve with torch
                     logger.warning("quantized linears: torch path, the C kernels are unavailable (pid %d): %s",
