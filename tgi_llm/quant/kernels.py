@@ -1323,8 +1323,8 @@ static int amx_bf16_gemm(const uint32_t* wq, const float* x, int64_t ldx, float*
    call, 4 k-pairs of a panel vector at a time: a k-pair's two nibbles of each column moved into the two words
    of a lane, then their bfloat16 values by a 32-word table (VPERMW reads an index's low 5 bits). Threads take
    groups of Q4D_TILES column tiles in turn (the tile units' rates differ per core: item 43). Needs the panel
-   width of 16 and groups a multiple of 32. Against the AVX-512 decode kernel (SmolLM2's layer linears at 16
-   rows, 2 threads): 1.3-1.45x; below ~10 rows the codes' expansion costs what the tiles save.
+   width of 16 and groups a multiple of 32. Against the AVX-512 decode kernel (SmolLM2's layer linears, 2
+   threads): 1.3-1.7x at 15-16 rows, level at 12-13 (AMX_Q4_ROWS_MIN).
    Returns -1 (nothing written) when the scratch could not be allocated. */
 #define Q4D_TILES 3
 static inline void q4_codes_tile(const uint32_t* w, uint16_t* b, const __m512i table) {
@@ -1512,10 +1512,11 @@ AMX_MIN_ROWS = 80
 #: The same for bfloat16 weights, the tiles' own operand (nothing to split): SmolLM2's linears at 4 rows
 #: 0.38 -> 0.31 ms, at 16 rows 1.26 -> 0.32 ms; at 1-2 rows a stream of weight bytes either way (item 37).
 AMX_BF16_MIN_ROWS = 4
-#: Rows from which (to 16) q4 panel codes take the tile unit below the GEMM (`amx_q4_rows`): SmolLM2's layer
-#: linears, 2 threads, against the AVX-512 decode kernel: 8-10 rows level, 12 rows 1.08-1.28x, 13-16 rows 0.97-1.67x
-#: (the AVX kernel's time moves 2x with the host, the tiles' less).
-AMX_Q4_ROWS_MIN = 12
+#: Rows from which (to 16) q4 panel codes take the tile unit below the GEMM (`amx_q4_rows`, whose cost hardly
+#: depends on the rows: they fill one row tile). SmolLM2's layer linears, 2 threads, against the AVX-512
+#: decode kernel, medians alternated in one process, two runs: 12 rows 0.97 / 1.00x, 13 rows 1.03 / 0.98x,
+#: 14 rows 1.25 / 1.01x, 15 rows 1.56 / 1.31x, 16 rows 1.72 / 1.30x (docs/PERFORMANCE.md, item 49).
+AMX_Q4_ROWS_MIN = 15
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
