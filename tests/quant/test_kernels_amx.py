@@ -61,11 +61,17 @@ def test_tiles_are_as_accurate_as_the_float32_gemm(on_tiles, layout, n, k, m):
         n += LANES  # an odd number of q4 panels: the last column pair is one tile
     gen = torch.Generator().manual_seed(n * 7 + k + m)
     desc, dense, _keep = held(layout, torch.randn(n, k, generator=gen))
-    x = torch.randn(m, k, generator=gen)
-    want = x.double() @ dense.double().T
-    got = gemm(desc, x).double()
+    assert_as_accurate(*tiles_avx_float64(gemm, desc, dense, torch.randn(m, k, generator=gen)))
+
+
+def tiles_avx_float64(entry, desc, dense, x):
+    """x through `entry` on the tiles (the fixture's setting), then on the AVX kernels, and in float64."""
+    got = entry(desc, x).double()
     kernel.set_amx_min_rows(0)
-    avx = gemm(desc, x).double()
+    return got, entry(desc, x).double(), x.double() @ dense.double().T
+
+
+def assert_as_accurate(got, avx, want):
     scale = want.abs().max().item() + 1
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
     assert (got - want).abs().max() <= 2 * (avx - want).abs().max() + 1e-6 * scale
@@ -186,15 +192,9 @@ def test_q4_decode_rows_on_tiles_are_as_accurate_as_the_decode_kernel(on_tiles, 
     three and one of two), groups of one and two k-blocks, float16 and float32 scales."""
     gen = torch.Generator().manual_seed(n + k + m)
     desc, dense, _keep = held(layout, torch.randn(n, k, generator=gen))
-    x = torch.randn(m, k, generator=gen)
-    want = x.double() @ dense.double().T
-    got = decode(desc, x).double()
-    kernel.set_amx_min_rows(0)
-    avx = decode(desc, x).double()
+    got, avx, want = tiles_avx_float64(decode, desc, dense, torch.randn(m, k, generator=gen))
     assert not torch.equal(got, avx) or m == 1  # else the tiles were not taken (one row may round alike)
-    scale = want.abs().max().item() + 1
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
-    assert (got - want).abs().max() <= 2 * (avx - want).abs().max() + 1e-6 * scale
+    assert_as_accurate(got, avx, want)
 
 
 def test_q4_decode_rows_of_the_identity_return_the_weights_exactly(on_tiles):
