@@ -1338,11 +1338,6 @@ static inline void q4_codes_tile(const uint32_t* w, uint16_t* b, const __m512i t
     }
 }
 
-static inline __m512 load_scales(const void* s, const int64_t at, const int f16) {
-    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)((const uint16_t*)s + at)))
-               : _mm512_loadu_ps((const float*)s + at);
-}
-
 static int amx_q4_rows(const uint8_t* codes, const void* scales, const void* mins, int f16, int64_t g,
                        const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
                        int nthreads) {
@@ -1406,7 +1401,7 @@ static int amx_q4_rows(const uint8_t* codes, const void* scales, const void* min
                     const int64_t pk = kb - 1;
                     for (int64_t j = 0; j < nt; j++) {
                         const int64_t at = ((t0 + j) * G + pk / per_group) * 16;
-                        const __m512 d = load_scales(scales, at, f16), mn = load_scales(mins, at, f16);
+                        const __m512 d = pscale(scales, f16, at), mn = pscale(mins, f16, at);
                         const float* cj = c[pk & 1][j];
                         for (int64_t r = 0; r < M; r++) {
                             __m512 o = _mm512_load_ps(acc[r] + j * 16);
