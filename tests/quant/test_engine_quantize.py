@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tgi_llm import LLM
-from tgi_llm.quant.linear import QuantLinear
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+from tgi_llm.quant.kernels import quant_kernels
+from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear
+
+
+def kernels_have_bf16_attention() -> bool:
+    attention = cpu_attention_kernels()
+    return attention is not None and attention.bf16_prefill_address is not None
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4", "eetq"])
@@ -20,7 +28,6 @@ def test_float_checkpoint_quantized_on_load_generates(tiny_llama_dir, mode):
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"quantize": "gguf"}, "`--quantize gguf` needs a .gguf model"),
     ({"quantize": "awq"}, "`--quantize awq` is not supported"),
-    ({"quantize": "int4", "dtype": "bfloat16"}, "float32 activations"),
     ({"quantize": "int4", "quantize_group_size": 96}, "does not divide the input size"),
 ])
 def test_bad_combinations_fail_at_start_up(tiny_llama_dir, kwargs, match):
@@ -28,20 +35,41 @@ def test_bad_combinations_fail_at_start_up(tiny_llama_dir, kwargs, match):
         LLM(str(tiny_llama_dir), kv_cache_memory_gb=0.01, **kwargs)
 
 
-def test_unset_quantize_dequantizes_a_gguf_where_its_kernels_do_not_apply(default_model_dir):
-    """A GPU or `--dtype bfloat16` with the default (GGUF) model starts on floats, not with an error."""
-    import torch
+def test_bfloat16_on_the_cpu_keeps_quantized_codes_with_bfloat16_products(tiny_llama_dir):
+    """`--quantize int4 --dtype bfloat16` on the CPU: the codes stay, the GEMM takes bfloat16 products."""
+    if quant_kernels() is None:
+        pytest.skip("no C kernels: quantized weights need float32 activations")
+    with LLM(str(tiny_llama_dir), quantize="int4", dtype="bfloat16", kv_cache_memory_gb=0.01) as llm:
+        model = llm.engine.runner.model
+        panels = [m for m in model.layers.modules() if isinstance(m, QuantLinear) and m.qweight.order == "panel"]
+        assert panels and {m.desc().bf16_min_rows for m in panels} == {BF16_GEMM_MIN_TOKENS}
+        assert model.dtype == torch.float32
+        out = llm.generate([list(range(1, 40))], {"max_new_tokens": 6, "ignore_eos": True})[0]
+        assert len(out.token_ids) == 6
 
-    from tgi_llm.models.llama import Linear, load_model
-    from tgi_llm.quant.modes import Quantization
 
+def test_quantized_weights_in_bfloat16_without_the_kernels_fail_at_start_up(tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")  # no C kernels for float linears: torch's bfloat16
+    with pytest.raises(ValueError, match="float32 activations"):
+        LLM(str(tiny_llama_dir), quantize="int4", dtype="bfloat16", kv_cache_memory_gb=0.01)
+
+
+def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serve(default_model_dir, monkeypatch):
+    """`--dtype bfloat16` with the default (GGUF) model on the CPU keeps its blocks (bfloat16 products from
+    BF16_GEMM_MIN_TOKENS rows), except on AMX CPUs, whose tiles multiply bfloat16 weights in place; where no
+    kernel serves it (a GPU, torch's linears) it starts on floats, not with an error."""
+    from tgi_llm.models.llama import load_model
+
+    kernels = quant_kernels()
+    model, _ = load_model(default_model_dir, dtype=torch.bfloat16)
+    if kernels is not None and not kernels.amx:
+        assert model.lm_head_quant is not None and model.lm_head_quant.desc().bf16_min_rows == BF16_GEMM_MIN_TOKENS
+        assert {m.desc().bf16_min_rows for m in model.layers.modules() if isinstance(m, QuantLinear)} == {
+            BF16_GEMM_MIN_TOKENS}
+        assert model.dtype == torch.float32 and model.bf16_prefill_attention == kernels_have_bf16_attention()
+    elif kernels is not None:  # AMX: bfloat16 weights for the tiles
+        assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
+    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")
     model, _ = load_model(default_model_dir, dtype=torch.bfloat16)
     assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
-    # on the CPU: the decoder linears in bfloat16 for the C kernels' bfloat16 GEMM, the rest float32
-    linear_dtypes = {m.weight.dtype for m in model.modules() if isinstance(m, Linear)}
-    if model.float_kernels is not None:
-        assert linear_dtypes == {torch.bfloat16} and model.dtype == torch.float32
-    else:
-        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    with pytest.raises(ValueError, match="float32 activations"):
-        load_model(default_model_dir, dtype=torch.bfloat16, quantization=Quantization("gguf"))
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

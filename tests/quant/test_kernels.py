@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -167,6 +169,37 @@ def test_bfloat16_without_the_bf16_instructions_gives_the_same_products(avx_gemm
     held = to_bf16_panels(w, Q8_LANES)
     desc = kernels_mod.dense_desc(held, panel=True)
     torch.testing.assert_close(plain.apply(x, desc, 0), kernel.apply(x, desc, 0), rtol=1e-6, atol=1e-6)
+
+
+CODES_FOR_BF16 = {
+    "q4 g32, odd panels": lambda w: quantize_int4(w[:3 * LANES], 32).with_order("panel", LANES),
+    "q4 g64 fp32 scales": lambda w: quantize_int4(w * 1e5, 64).with_order("panel", LANES),
+    "q8 asymmetric": lambda w: quantize_int8(w, 32).with_order("panel", Q8_LANES),
+    "q8 symmetric": lambda w: replace(quantize_int8(w, 32), mins=None).with_order("panel", Q8_LANES),
+}
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", CODES_FOR_BF16)
+@pytest.mark.parametrize("m", [1, 15, 16, 40])
+def test_bfloat16_products_from_codes_are_the_bfloat16_weights_products(layout, m, avx_gemms):
+    """--dtype bfloat16 with quantized weights: from `bf16_min_rows` rows the panel GEMM rounds each
+    dequantized chunk and the activations to bfloat16, bit for bit what the bfloat16 weights' GEMM computes
+    over the same weights (K = 576: two whole k-chunks and a partial one); below, the float32 kernels."""
+    gen = torch.Generator().manual_seed(m)
+    qw = CODES_FOR_BF16[layout](torch.randn(2 * Q8_LANES, 576, generator=gen))
+    x = torch.randn(m, 600, generator=gen)[:, 10:586]  # rows with a stride wider than K
+    got = kernel.apply(x, kernels_mod.WeightDesc.of(qw, None, 16), 0)
+    if m < 16:
+        assert torch.equal(got, kernel.apply(x, kernels_mod.WeightDesc.of(qw), 0))
+        return
+    dense = qw.dequantize()
+    want = x.bfloat16().double() @ dense.bfloat16().double().T
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * (want.abs().max().item() + 1))
+    if qw.out_features % Q8_LANES == 0:
+        held = to_bf16_panels(dense, Q8_LANES)
+        assert torch.equal(got, kernel.apply(x, kernels_mod.dense_desc(held, panel=True), 0))
+    assert not torch.equal(got, kernel.apply(x, kernels_mod.WeightDesc.of(qw), 0))  # float32 products differ
 
 
 def test_bfloat16_panels_round_trip():

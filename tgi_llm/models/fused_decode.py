@@ -295,7 +295,8 @@ class FusedDecode:
         #: differently from torch's ops (~1e-4); bfloat16 weights round each matmul's activations to 8 bits,
         #: and such a difference that flips one of those roundings grows through the layers (0.8% measured
         #: on SmolLM2 in bfloat16): a wrong kernel differs by the size of the values themselves.
-        self.tolerance = 3e-2 if any(m.desc().kind == QW_BF16_PANEL for layer in model.layers
+        self.tolerance = 3e-2 if any(m.desc().kind == QW_BF16_PANEL or m.desc().bf16_min_rows
+                                     for layer in model.layers
                                      for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) else 1e-3
         self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
 

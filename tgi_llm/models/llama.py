@@ -37,7 +37,7 @@ from tgi_llm.quant.formats import (
     to_panels,
 )
 from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
-from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
+from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
@@ -377,16 +377,24 @@ def load_model(
     vocabulary fills whole panels, and prompt attention takes bfloat16 products on AVX512-BF16 CPUs;
     everything else (norms, rope, the softmax, decode attention, the KV cache) is float32. The model then
     reports float32 (`model.dtype`).
+    Quantized weights in bfloat16 (a GGUF, or --quantize named) keep their codes: decode rows read them with
+    float32 products, and from BF16_GEMM_MIN_TOKENS rows the panel GEMM rounds each dequantized chunk to
+    bfloat16 as the bfloat16 weights' GEMM holds them (bit for bit its products) at a quarter of the bytes.
+    Except a GGUF left to the default on an AMX CPU: its tiles multiply bfloat16 weights in place.
     torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md)."""
     config = ModelConfig.from_model_dir(model_dir)
-    kernels_apply = torch.device(device).type == "cpu" and dtype == torch.float32
+    cpu_bf16 = (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and shard.world_size == 1
+                and (kernels := float_linear_kernels(torch.float32)) is not None)
+    bf16_codes = cpu_bf16 and (quantization is not None or not kernels.amx)
+    kernels_apply = torch.device(device).type == "cpu" and (dtype == torch.float32 or bf16_codes)
     weights = WeightLoader(model_dir, config, quantization, shard, kernels_apply)
-    bf16_weights = (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and shard.world_size == 1
-                    and not weights.quantized and float_linear_kernels(torch.float32) is not None)
-    compute_dtype = torch.float32 if bf16_weights else dtype
+    bf16_weights = cpu_bf16 and not weights.quantized
+    bf16_codes = bf16_codes and weights.quantized
+    compute_dtype = torch.float32 if bf16_weights or bf16_codes else dtype
     if weights.quantized and not kernels_apply:
-        raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU with float32 "
-                         f"activations; got device {device} and --dtype {str(dtype).removeprefix('torch.')} "
+        raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU's C kernels "
+                         "with float32 activations (bfloat16 products with one shard); got device "
+                         f"{device} and --dtype {str(dtype).removeprefix('torch.')} "
                          "(use --quantize float for float weights in that dtype)")
     with weights_in_huge_pages() as arena:  # QuantLinear and prepare_cpu_linears place what the kernels stream
         model = LlamaForCausalLM(config, weights, shard, attention_backend=attention_backend)
@@ -399,11 +407,16 @@ def load_model(
         weight_dtype = torch.bfloat16 if bf16_weights else torch.float32
         if model.device.type == "cpu" and (chosen := model.prepare_cpu_linears(weight_dtype)):
             logger.info(chosen)
+        if bf16_codes:  # the decoder layers' and the head's codes; the embedding's lookup stays exact
+            for m in [*model.layers.modules(), model.lm_head_quant]:
+                if isinstance(m, QuantLinear) and m.qweight.order == "panel":
+                    m.take_bf16_products(BF16_GEMM_MIN_TOKENS)
     if arena is not None and arena.placed_bytes:
         logger.info("weights in huge pages: %.1f MB placed, %.1f MB of the process backed by them",
                     arena.placed_bytes / 1e6, huge_page_bytes() / 1e6)
     attention = prepare_cpu_attention(device, compute_dtype)
-    model.bf16_prefill_attention = bf16_weights and attention is not None and attention.bf16_prefill_address is not None
+    model.bf16_prefill_attention = ((bf16_weights or bf16_codes) and attention is not None
+                                    and attention.bf16_prefill_address is not None)
     if (weights.quantized or model.float_kernels is not None) and model.device.type == "cpu":
         fused_decode_library()  # built now, not on the first request's first token
     logger.info(
@@ -412,8 +425,10 @@ def load_model(
         config.model_type,
         config.num_hidden_layers,
         config.hidden_size,
-        ("float32 with bfloat16 linear weights" + (" and bfloat16 prompt attention" if model.bf16_prefill_attention
-                                                    else "")) if bf16_weights else dtype,
+        (("float32 with bfloat16 linear weights" if bf16_weights
+          else f"float32 with bfloat16 products in the linears from {BF16_GEMM_MIN_TOKENS} rows")
+         + (" and bfloat16 prompt attention" if model.bf16_prefill_attention else ""))
+        if bf16_weights or bf16_codes else dtype,
         device,
         weights.quantization.describe() + (f" ({describe_gguf(weights.gguf)})" if weights.gguf else ""),
     )

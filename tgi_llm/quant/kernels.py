@@ -538,6 +538,24 @@ static inline void transpose_panel(const float* restrict tmp, const int64_t kc, 
 #endif
 }
 
+/* y[m][0:nw] = acc[m] (first k-chunk) or += it, for MRC rows */
+static inline __attribute__((always_inline)) void tile_store(V acc[MR][2], const int MRC, float* restrict y,
+                                                             const int64_t ldy, const int first, const int64_t nw) {
+    if (nw == NW) {
+        UNROLL for (int m = 0; m < MRC; m++) UNROLL for (int h = 0; h < 2; h++) {
+            float* p = y + m * ldy + h * VL;
+            vst(p, first ? acc[m][h] : vadd(acc[m][h], vld(p)));
+        }
+    } else { /* the last, narrower panel */
+        float out[2 * VL];
+        UNROLL for (int m = 0; m < MRC; m++) {
+            vst(out, acc[m][0]);
+            vst(out + VL, acc[m][1]);
+            for (int64_t n = 0; n < nw; n++) y[m * ldy + n] = first ? out[n] : y[m * ldy + n] + out[n];
+        }
+    }
+}
+
 /* y[m][0:nw] (+)= x[m] . w[0:nw] for MRC activation rows; w given as panel [kc][NW] */
 static inline __attribute__((always_inline)) void gemm_tile(
     const float* restrict x, const int64_t ldx, const float* restrict w, const int64_t kc, const int MRC,
@@ -552,19 +570,7 @@ static inline __attribute__((always_inline)) void gemm_tile(
             acc[m][1] = vfma(a, w1, acc[m][1]);
         }
     }
-    if (nw == NW) {
-        UNROLL for (int m = 0; m < MRC; m++) UNROLL for (int h = 0; h < 2; h++) {
-            float* p = y + m * ldy + h * VL;
-            vst(p, first ? acc[m][h] : vadd(acc[m][h], vld(p)));
-        }
-    } else { /* the last, narrower panel */
-        float out[2 * VL];
-        UNROLL for (int m = 0; m < MRC; m++) {
-            vst(out, acc[m][0]);
-            vst(out + VL, acc[m][1]);
-            for (int64_t n = 0; n < nw; n++) y[m * ldy + n] = first ? out[n] : y[m * ldy + n] + out[n];
-        }
-    }
+    tile_store(acc, MRC, y, ldy, first, nw);
 }
 
 /* kind: 0 q4 (GGUF order), 1 q4 (x8 order), 2 q8, 4 float32; x [M, K] (row stride ldx) -> y [M, N] (row stride ldy) */
@@ -836,64 +842,6 @@ __attribute__((noinline)) NO_FMA static void dequant_q8_panel(
    It serves every row count: at one row it streams the weight faster than the plain order's decode kernel
    (all linears of SmolLM2-135M on Zen 4: 16.7 against 19.8 ms; a panel decode kernel took 17.1). ---- */
 
-/* Activation rows per block of the GEMMs: every panel re-reads all rows' activations, so at long prefills
-   (1,500 rows: 3.4-9.2 MB for SmolLM2's K) they streamed from L3 and the Q4_1 GEMM fell from 260 to 223
-   GFLOP/s (Xeon, 2 MB L2). Blocks of rows whose activations fill half of L2 stay there across panels. Each
-   block dequantizes the panels again, so a block is never fewer than 8 row tiles; each output still sums
-   its k in the same order, so results are bit for bit those of one block. */
-static int64_t rows_per_block(const int64_t row_bytes) {
-    static int64_t l2 = 0;
-    if (l2 == 0) {
-        const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-        l2 = v > 0 ? v : 512 * 1024; /* Zen 3's, where the C library cannot tell */
-    }
-    const int64_t rows = l2 / 2 / row_bytes / MR * MR;
-    return rows < 8 * MR ? 8 * MR : rows;
-}
-
-/* The panel orders' GEMM: q4 (`kind` QW_Q4_PANEL, pairs of VL-wide panels), q8 or float32 (QW_Q8_PANEL,
-   QW_F32_PANEL, NW-wide) */
-static void panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
-                       const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
-                       int nthreads) {
-    const int64_t panels = N / VL, G = K / g, MC = rows_per_block(K * (int64_t)sizeof(float));
-    const size_t ss = f16 ? 2 : 4;
-#pragma omp parallel num_threads(nthreads)
-    for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* blocks of activation rows that stay in L2 */
-        const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
-#pragma omp for schedule(static)
-        for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
-            float buf[KC * NW] __attribute__((aligned(64)));
-            const float* w = buf;
-            const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
-            const void* sc = scales ? (const char*)scales + p * G * VL * ss : 0;
-            const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
-            if (np == 1) memset(buf, 0, sizeof buf);
-            for (int64_t k0 = 0; k0 < K; k0 += KC) {
-                const int64_t kc = K - k0 < KC ? K - k0 : KC;
-                if (kind == QW_Q4_PANEL)
-                    dequant_panels((const uint8_t*)codes + p * VL * (K / 2), sc, mn, f16, g, G, K, np, k0, kc, buf);
-                else if (kind == QW_Q8_PANEL) /* N % NW == 0, so np == 2 */
-                    dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, buf);
-                else /* float32: the weight itself, [kc][NW] from k0 */
-                    w = (const float*)codes + p * VL * K + k0 * NW;
-                for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
-                    const float* xm = x + m0 * ldx + k0;
-                    float* ym = y + m0 * ldy + p * VL;
-                    switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
-#define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
-#if MR == 8
-                        T(8); T(7);
-#endif
-                        T(6); T(5); T(4); T(3); T(2); default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
-#undef T
-                    }
-                }
-            }
-        }
-    }
-}
-
 /* ---- bfloat16 weights in the panel order, for --dtype bfloat16: [N / NW][K / 2][NW] 32-bit words, word c
    of k-pair j = bf16(w[row c][2j]) | bf16(w[row c][2j + 1]) << 16, the operand layout of AVX512-BF16's
    vdpbf16ps (two products per float lane). Activations are rounded to bfloat16 the same way, once per
@@ -944,7 +892,7 @@ static inline __attribute__((always_inline)) V bf16_dot(V acc, const uint32_t xw
 static inline __attribute__((always_inline)) void bf16_tile(const uint32_t* restrict xb, const int64_t K2,
                                                             const uint32_t* restrict w, const int64_t kp,
                                                             const int MRC, float* restrict y, const int64_t ldy,
-                                                            const int first) {
+                                                            const int first, const int64_t nw) {
     V acc[MR][2];
     UNROLL for (int m = 0; m < MRC; m++) acc[m][0] = acc[m][1] = vzero();
     for (int64_t k = 0; k < kp; k++) {
@@ -957,10 +905,112 @@ static inline __attribute__((always_inline)) void bf16_tile(const uint32_t* rest
             acc[m][1] = bf16_dot(acc[m][1], xw, w1);
         }
     }
-    UNROLL for (int m = 0; m < MRC; m++) UNROLL for (int h = 0; h < 2; h++) {
-        float* p = y + m * ldy + h * VL;
-        vst(p, first ? acc[m][h] : vadd(acc[m][h], vld(p)));
+    tile_store(acc, MRC, y, ldy, first, nw);
+}
+
+/* Activation rows per block of the GEMMs: every panel re-reads all rows' activations, so at long prefills
+   (1,500 rows: 3.4-9.2 MB for SmolLM2's K) they streamed from L3 and the Q4_1 GEMM fell from 260 to 223
+   GFLOP/s (Xeon, 2 MB L2). Blocks of rows whose activations fill half of L2 stay there across panels. Each
+   block dequantizes the panels again, so a block is never fewer than 8 row tiles; each output still sums
+   its k in the same order, so results are bit for bit those of one block. */
+static int64_t rows_per_block(const int64_t row_bytes) {
+    static int64_t l2 = 0;
+    if (l2 == 0) {
+        const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+        l2 = v > 0 ? v : 512 * 1024; /* Zen 3's, where the C library cannot tell */
     }
+    const int64_t rows = l2 / 2 / row_bytes / MR * MR;
+    return rows < 8 * MR ? 8 * MR : rows;
+}
+
+/* A dequantized chunk [kc][NW] rounded to bfloat16 k-pair words [kc / 2][NW], the bfloat16 panel order's
+   (rounded to nearest even, as bf16_row_pairs rounds the activations; kc even) */
+static inline void bf16_chunk_pairs(const float* restrict buf, const int64_t kc, uint32_t* restrict wb) {
+    for (int64_t j = 0; j < kc / 2; j++)
+        UNROLL for (int h = 0; h < 2; h++) {
+            VU lo, hi;
+            memcpy(&lo, buf + 2 * j * NW + h * VL, sizeof lo);
+            memcpy(&hi, buf + (2 * j + 1) * NW + h * VL, sizeof hi);
+            lo += 0x7fffu + ((lo >> 16) & 1u);
+            hi += 0x7fffu + ((hi >> 16) & 1u);
+            const VU word = (lo >> 16) | (hi & 0xffff0000u);
+            memcpy(wb + j * NW + h * VL, &word, sizeof word);
+        }
+}
+
+/* The panel orders' GEMM: q4 (`kind` QW_Q4_PANEL, pairs of VL-wide panels), q8 or float32 (QW_Q8_PANEL,
+   QW_F32_PANEL, NW-wide). `bf16` (q4, q8; --dtype bfloat16): each dequantized chunk is rounded to bfloat16
+   as the bfloat16 panel order holds weights, the activations too, and bf16_tile multiplies them: the products
+   of bf16_panel_gemm over the same weights, from codes that stream a quarter of the bytes at decode rows.
+   Returns -1 when the rounded activations' buffer could not be allocated. */
+static int panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
+                      const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
+                      int nthreads, int bf16) {
+    const int64_t panels = N / VL, G = K / g, K2 = K / 2;
+    const int64_t MC = rows_per_block(K * (int64_t)(bf16 ? sizeof(uint16_t) : sizeof(float)));
+    const size_t ss = f16 ? 2 : 4;
+    uint32_t* xb = NULL;
+    if (bf16 && (xb = malloc(sizeof(uint32_t) * M * K2)) == NULL) return -1;
+#pragma omp parallel num_threads(nthreads)
+    {
+        if (bf16) {
+#pragma omp for schedule(static)
+            for (int64_t m = 0; m < M; m++) bf16_row_pairs(x + m * ldx, K, xb + m * K2);
+        }
+        for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* blocks of activation rows that stay in L2 */
+            const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
+#pragma omp for schedule(static)
+            for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
+                float buf[KC * NW] __attribute__((aligned(64)));
+                uint32_t wb[KC / 2 * NW] __attribute__((aligned(64)));
+                const float* w = buf;
+                const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
+                const void* sc = scales ? (const char*)scales + p * G * VL * ss : 0;
+                const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
+                if (np == 1) memset(buf, 0, sizeof buf);
+                for (int64_t k0 = 0; k0 < K; k0 += KC) {
+                    const int64_t kc = K - k0 < KC ? K - k0 : KC;
+                    if (kind == QW_Q4_PANEL)
+                        dequant_panels((const uint8_t*)codes + p * VL * (K / 2), sc, mn, f16, g, G, K, np, k0, kc,
+                                       buf);
+                    else if (kind == QW_Q8_PANEL) /* N % NW == 0, so np == 2 */
+                        dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, buf);
+                    else /* float32: the weight itself, [kc][NW] from k0 */
+                        w = (const float*)codes + p * VL * K + k0 * NW;
+                    if (bf16) bf16_chunk_pairs(buf, kc, wb);
+                    for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
+                        const float* xm = x + m0 * ldx + k0;
+                        const uint32_t* xbm = bf16 ? xb + m0 * K2 + k0 / 2 : NULL;
+                        float* ym = y + m0 * ldy + p * VL;
+                        const int rows = mc1 - m0 < MR ? mc1 - m0 : MR;
+                        if (bf16) {
+                            switch (rows) {
+#define T(a) case a: bf16_tile(xbm, K2, wb, kc / 2, a, ym, ldy, k0 == 0, nw); break
+#if MR == 8
+                                T(8); T(7);
+#endif
+                                T(6); T(5); T(4); T(3); T(2);
+                                default: bf16_tile(xbm, K2, wb, kc / 2, 1, ym, ldy, k0 == 0, nw);
+#undef T
+                            }
+                        } else {
+                            switch (rows) {
+#define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
+#if MR == 8
+                                T(8); T(7);
+#endif
+                                T(6); T(5); T(4); T(3); T(2);
+                                default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
+#undef T
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    free(xb);
+    return 0;
 }
 
 /* x [M, K] float32 (row stride ldx) -> y [M, N] (row stride ldy); N a multiple of NW, K even. Returns -1
@@ -986,12 +1036,12 @@ static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, floa
                         const uint32_t* xm = xb + m0 * K2 + k0;
                         float* ym = y + m0 * ldy + p * NW;
                         switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
-#define T(a) case a: bf16_tile(xm, K2, wp + k0 * NW, kp, a, ym, ldy, k0 == 0); break
+#define T(a) case a: bf16_tile(xm, K2, wp + k0 * NW, kp, a, ym, ldy, k0 == 0, NW); break
 #if MR == 8
                             T(8); T(7);
 #endif
                             T(6); T(5); T(4); T(3); T(2);
-                            default: bf16_tile(xm, K2, wp + k0 * NW, kp, 1, ym, ldy, k0 == 0);
+                            default: bf16_tile(xm, K2, wp + k0 * NW, kp, 1, ym, ldy, k0 == 0, NW);
 #undef T
                         }
                     }
@@ -1437,6 +1487,7 @@ typedef struct {
     const void *codes, *scales, *mins; /* mins: q4, and q8 when asymmetric (else NULL) */
     /* QW_F32: codes is the float32 weight [N, K]; no scales or mins */
     const float* bias; /* [N] or NULL */
+    int64_t bf16_min_rows; /* q4/q8 panels: rows from which the GEMM takes bfloat16 products (0: never) */
 } qweight_t;
 
 /* Rows from which the panel orders' GEMMs run on the tile unit (0: never): float32 and quantized weights
@@ -1458,6 +1509,12 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 #endif
         if (bf16_panel_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) != 0)
             for (int64_t m = 0; m < M; m++) /* no memory: poison the output, never a silent wrong answer */
+                for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
+    } else if (w->bf16_min_rows > 0 && M >= w->bf16_min_rows &&
+               (w->kind == QW_Q4_PANEL || w->kind == QW_Q8_PANEL)) {
+        if (panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads,
+                       1) != 0)
+            for (int64_t m = 0; m < M; m++)
                 for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
     } else if (M < gemm_min && w->kind != QW_F32_PANEL) {
         switch (w->kind) {
@@ -1482,7 +1539,7 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
               amx_panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K,
                              nthreads) == 0))
 #endif
-        panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
+        panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads, 0);
 #undef Q4
     } else {
         quant_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads);
@@ -1524,10 +1581,11 @@ class WeightDesc(ctypes.Structure):
 
     _fields_ = [("kind", ctypes.c_int32), ("f16", ctypes.c_int32), ("group", ctypes.c_int64),
                 ("N", ctypes.c_int64), ("K", ctypes.c_int64), ("codes", ctypes.c_void_p),
-                ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+                ("scales", ctypes.c_void_p), ("mins", ctypes.c_void_p), ("bias", ctypes.c_void_p),
+                ("bf16_min_rows", ctypes.c_int64)]
 
     @classmethod
-    def of(cls, w: QuantizedWeight, bias: torch.Tensor | None = None) -> WeightDesc:
+    def of(cls, w: QuantizedWeight, bias: torch.Tensor | None = None, bf16_min_rows: int = 0) -> WeightDesc:
         if bias is not None:
             assert bias.dtype == torch.float32 and bias.is_contiguous() and bias.shape == (w.out_features,)
         assert w.codes.is_contiguous() and w.scales.is_contiguous()
@@ -1535,8 +1593,10 @@ class WeightDesc(ctypes.Structure):
             kind = QW_Q8_PANEL if w.order == "panel" else QW_Q8
         else:
             kind = {"gguf": 0, "x8": 1, "panel": QW_Q4_PANEL}[w.order]
+        if bf16_min_rows:
+            assert w.order == "panel", "bfloat16 products are taken by the panel orders' GEMM only"
         return cls(kind, int(w.scales.dtype == torch.float16), w.group, w.out_features, w.in_features,
-                   w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), _ptr(bias))
+                   w.codes.data_ptr(), w.scales.data_ptr(), _ptr(w.mins), _ptr(bias), bf16_min_rows)
 
 
 def dense_desc(weight: torch.Tensor, bias: torch.Tensor | None = None, panel: bool = False) -> WeightDesc:
@@ -1650,6 +1710,11 @@ def _self_check(kernels: QuantKernels) -> None:
         want = xr.bfloat16().double() @ wf.bfloat16().double().T
         if not torch.allclose(kernels.apply(xr, dense_desc(wb, panel=True), 0).double(), want, rtol=1e-5, atol=1e-5):
             raise RuntimeError("bfloat16 panel gemm disagrees with torch")
+    for qw in (panel[0], panel[3]):  # q4 and q8 codes with bfloat16 products (--dtype bfloat16)
+        want = x.bfloat16().double() @ qw.dequantize().bfloat16().double().T
+        got = kernels.apply(x, WeightDesc.of(qw, None, 1), 0).double()
+        if not torch.allclose(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item()):
+            raise RuntimeError(f"{qw.source} gemm with bfloat16 products disagrees with torch")
 
 
 def _self_check_amx(kernels: QuantKernels) -> None:

@@ -32,6 +32,12 @@ Q8_GEMM_MIN_TOKENS = 16
 #: kernel reads with no conversion and re-reads from L2 for every 4 rows: it beats the GEMM (which copies
 #: and transposes a panel per call) up to ~48 rows (all linears of SmolLM2-135M, Zen 3, item 14).
 FLOAT_GEMM_MIN_TOKENS = 48
+#: `--dtype bfloat16` with quantized weights on the CPU (load_model): rows from which the q4/q8 panel GEMM
+#: takes bfloat16 products (each dequantized chunk rounded to bfloat16, as the bfloat16 weights' GEMM reads
+#: them; bit for bit its results). Below, the float32 decode kernels read the codes. SmolLM2's 120 layer
+#: linears, Zen 5, medians of 9, the float32 kernels / the bfloat16 GEMM: 12 rows 8.1 / 9.1 ms, 16 rows
+#: 10.4 / 9.6 (docs/PERFORMANCE.md, item 50).
+BF16_GEMM_MIN_TOKENS = 16
 
 
 def gemm_min_tokens(desc: WeightDesc) -> int:
@@ -72,6 +78,7 @@ class QuantLinear(nn.Module):
         self.qweight = weight.placed(in_huge_pages)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self._desc: WeightDesc | None = None  # made on first use: after Module.to() has placed the bias
+        self.bf16_min_rows = 0  # rows from which the GEMM takes bfloat16 products (0: never)
 
     @property
     def nbytes(self) -> int:
@@ -86,10 +93,16 @@ class QuantLinear(nn.Module):
         y = self._linear(x.reshape(-1, x.shape[-1]).float())
         return y.to(x.dtype).view(*x.shape[:-1], -1)
 
+    def take_bf16_products(self, min_rows: int) -> None:
+        """From `min_rows` rows the panel GEMM rounds weights and activations to bfloat16 (--dtype bfloat16)."""
+        self.bf16_min_rows = min_rows
+        self._desc = None
+
     def desc(self) -> WeightDesc:
         """Where the C kernels find this layer's weight and bias (for `quant_apply`)."""
         if self._desc is None:
-            self._desc = WeightDesc.of(self.qweight, None if self.bias is None else self.bias.detach())
+            self._desc = WeightDesc.of(self.qweight, None if self.bias is None else self.bias.detach(),
+                                       self.bf16_min_rows)
         return self._desc
 
     def _linear(self, x2: torch.Tensor) -> torch.Tensor:
