@@ -58,7 +58,7 @@ def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serv
     """`--dtype bfloat16` with the default (GGUF) model on the CPU keeps its blocks (bfloat16 products from
     BF16_GEMM_MIN_TOKENS rows), except on AMX CPUs, whose tiles multiply bfloat16 weights in place; where no
     kernel serves it (a GPU, torch's linears) it starts on floats, not with an error."""
-    from tgi_llm.models.llama import load_model
+    from tgi_llm.models.llama import Linear, load_model
 
     kernels = quant_kernels()
     model, _ = load_model(default_model_dir, dtype=torch.bfloat16)
@@ -67,8 +67,10 @@ def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serv
         assert {m.desc().bf16_min_rows for m in model.layers.modules() if isinstance(m, QuantLinear)} == {
             BF16_GEMM_MIN_TOKENS}
         assert model.dtype == torch.float32 and model.bf16_prefill_attention == kernels_have_bf16_attention()
-    elif kernels is not None:  # AMX: bfloat16 weights for the tiles
+    elif kernels is not None:  # AMX: the decoder linears in bfloat16 weights for the tiles, the rest float32
         assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
+        assert {m.weight.dtype for m in model.layers.modules() if isinstance(m, Linear)} == {torch.bfloat16}
+        assert model.dtype == torch.float32
     monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")
     model, _ = load_model(default_model_dir, dtype=torch.bfloat16)
     assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
