@@ -15,9 +15,9 @@ SERVER_FLAGS = ("--max-input-tokens", "512", "--max-total-tokens", "1024", "--ma
                 "--request-read-timeout", str(REQUEST_READ_TIMEOUT_S))
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory) -> Launched:
-    launched = launch(tmp_path_factory.mktemp("server"), *SERVER_FLAGS)
+def serving(work_dir, *flags: str):
+    """A fixture's body: the launcher with `flags` until ready, yielded, then stopped; it must exit 0."""
+    launched = launch(work_dir, *flags)
     try:
         up = wait_until(lambda: launched.ready() or launched.process.poll() is not None, START_TIMEOUT_S, 0.5)
         if not (up and launched.ready()):
@@ -26,6 +26,11 @@ def server(tmp_path_factory) -> Launched:
     finally:
         code = launched.stop()
     assert code == 0, f"launcher exited with {code} on SIGTERM:\n{launched.log_tail()}"
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory) -> Launched:
+    yield from serving(tmp_path_factory.mktemp("server"), *SERVER_FLAGS)
 
 
 @pytest.fixture(scope="session")

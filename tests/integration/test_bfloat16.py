@@ -11,8 +11,8 @@ import pytest
 
 from tgi_llm.quant.kernels import quant_kernels
 
-from .conftest import SERVER_FLAGS
-from .harness import START_TIMEOUT_S, grpc_generate, http_generate, launch, wait_until
+from .conftest import SERVER_FLAGS, serving
+from .harness import grpc_generate, http_generate
 
 PROMPT = "The three primary colors of light are red, green and blue. Each one"
 
@@ -22,15 +22,7 @@ def bf16_server(tmp_path_factory):
     kernels = quant_kernels()
     if kernels is None or kernels.amx:
         pytest.skip("the codes keep bfloat16 products where the C kernels serve and AMX does not")
-    launched = launch(tmp_path_factory.mktemp("bf16"), *SERVER_FLAGS, "--dtype", "bfloat16")
-    try:
-        up = wait_until(lambda: launched.ready() or launched.process.poll() is not None, START_TIMEOUT_S, 0.5)
-        if not (up and launched.ready()):
-            pytest.fail(f"server did not become ready:\n{launched.log_tail()}")
-        yield launched
-    finally:
-        code = launched.stop()
-    assert code == 0, f"launcher exited with {code} on SIGTERM:\n{launched.log_tail()}"
+    yield from serving(tmp_path_factory.mktemp("bf16"), *SERVER_FLAGS, "--dtype", "bfloat16")
 
 
 def test_bfloat16_server_keeps_the_codes_and_matches_the_engine_alone(bf16_server):
