@@ -385,11 +385,11 @@ def load_model(
     config = ModelConfig.from_model_dir(model_dir)
     cpu_bf16 = (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and shard.world_size == 1
                 and (kernels := float_linear_kernels(torch.float32)) is not None)
-    bf16_codes = cpu_bf16 and (quantization is not None or not kernels.amx)
-    kernels_apply = torch.device(device).type == "cpu" and (dtype == torch.float32 or bf16_codes)
+    codes_in_bf16 = cpu_bf16 and (quantization is not None or not kernels.amx)  # where quantized weights stay
+    kernels_apply = torch.device(device).type == "cpu" and (dtype == torch.float32 or codes_in_bf16)
     weights = WeightLoader(model_dir, config, quantization, shard, kernels_apply)
     bf16_weights = cpu_bf16 and not weights.quantized
-    bf16_codes = bf16_codes and weights.quantized
+    bf16_codes = codes_in_bf16 and weights.quantized
     compute_dtype = torch.float32 if bf16_weights or bf16_codes else dtype
     if weights.quantized and not kernels_apply:
         raise ValueError(f"quantized weights (--quantize {weights.quantization.mode}) run on the CPU's C kernels "

@@ -849,7 +849,6 @@ __attribute__((noinline)) NO_FMA static void dequant_q8_panel(
    widened to float32 (a shift) and multiplied with FMAs: the same products, summed in the same order
    (the odd k, then the even one, as vdpbf16ps specifies). Half the bytes of float32 per weight, and on
    BF16 hardware twice the products per instruction. ---- */
-#define KP 128 /* k-pairs per chunk: a [KP][NW] chunk of words is 16 KB on AVX-512, L1-resident across rows */
 
 static inline uint32_t float_to_bf16(const float f) {
     /* round to nearest even, as vcvtne2ps2bf16 does (no NaNs reach here) */
@@ -938,10 +937,11 @@ static inline void bf16_chunk_pairs(const float* restrict buf, const int64_t kc,
         }
 }
 
-/* The panel orders' GEMM: q4 (`kind` QW_Q4_PANEL, pairs of VL-wide panels), q8 or float32 (QW_Q8_PANEL,
-   QW_F32_PANEL, NW-wide). `bf16` (q4, q8; --dtype bfloat16): each dequantized chunk is rounded to bfloat16
-   as the bfloat16 panel order holds weights, the activations too, and bf16_tile multiplies them: the products
-   of bf16_panel_gemm over the same weights, from codes that stream a quarter of the bytes at decode rows.
+/* The panel orders' GEMM: q4 (`kind` QW_Q4_PANEL, pairs of VL-wide panels), q8, float32 or bfloat16
+   (QW_Q8_PANEL, QW_F32_PANEL, QW_BF16_PANEL, NW-wide). `bf16` (always for bfloat16 weights; for q4 and q8 under
+   --dtype bfloat16): the activations are rounded to bfloat16 pairs once per call and bf16_tile multiplies them
+   by the bfloat16 weights in place, or by each dequantized chunk rounded to bfloat16 as the bfloat16 panel
+   order holds weights, so codes give the bfloat16 weights' products bit for bit from a quarter of the bytes.
    Returns -1 when the rounded activations' buffer could not be allocated. */
 static int panel_gemm(int kind, const void* codes, const void* scales, const void* mins, int f16, int64_t g,
                       const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M, int64_t N, int64_t K,
@@ -962,8 +962,9 @@ static int panel_gemm(int kind, const void* codes, const void* scales, const voi
 #pragma omp for schedule(static)
             for (int64_t pp = 0; pp < (panels + 1) / 2; pp++) { /* pairs of VL-wide panels (the last may be single) */
                 float buf[KC * NW] __attribute__((aligned(64)));
-                uint32_t wb[KC / 2 * NW] __attribute__((aligned(64)));
+                uint32_t wbuf[KC / 2 * NW] __attribute__((aligned(64)));
                 const float* w = buf;
+                const uint32_t* wb = wbuf;
                 const int64_t p = 2 * pp, np = panels - p < 2 ? 1 : 2, nw = np * VL;
                 const void* sc = scales ? (const char*)scales + p * G * VL * ss : 0;
                 const void* mn = mins ? (const char*)mins + p * G * VL * ss : 0;
@@ -975,74 +976,25 @@ static int panel_gemm(int kind, const void* codes, const void* scales, const voi
                                        buf);
                     else if (kind == QW_Q8_PANEL) /* N % NW == 0, so np == 2 */
                         dequant_q8_panel((const int8_t*)codes + p * VL * K, sc, mn, f16, g, k0, kc, buf);
+                    else if (kind == QW_BF16_PANEL) /* the weight itself, [kc / 2][NW] words from k0 */
+                        wb = (const uint32_t*)codes + p * VL * K2 + k0 / 2 * NW;
                     else /* float32: the weight itself, [kc][NW] from k0 */
                         w = (const float*)codes + p * VL * K + k0 * NW;
-                    if (bf16) bf16_chunk_pairs(buf, kc, wb);
+                    if (bf16 && kind != QW_BF16_PANEL) bf16_chunk_pairs(buf, kc, wbuf);
                     for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
                         const float* xm = x + m0 * ldx + k0;
                         const uint32_t* xbm = bf16 ? xb + m0 * K2 + k0 / 2 : NULL;
                         float* ym = y + m0 * ldy + p * VL;
-                        const int rows = mc1 - m0 < MR ? mc1 - m0 : MR;
-                        if (bf16) {
-                            switch (rows) {
-#define T(a) case a: bf16_tile(xbm, K2, wb, kc / 2, a, ym, ldy, k0 == 0, nw); break
-#if MR == 8
-                                T(8); T(7);
-#endif
-                                T(6); T(5); T(4); T(3); T(2);
-                                default: bf16_tile(xbm, K2, wb, kc / 2, 1, ym, ldy, k0 == 0, nw);
-#undef T
-                            }
-                        } else {
-                            switch (rows) {
-#define T(a) case a: gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw); break
-#if MR == 8
-                                T(8); T(7);
-#endif
-                                T(6); T(5); T(4); T(3); T(2);
-                                default: gemm_tile(xm, ldx, w, kc, 1, ym, ldy, k0 == 0, nw);
-#undef T
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    free(xb);
-    return 0;
-}
-
-/* x [M, K] float32 (row stride ldx) -> y [M, N] (row stride ldy); N a multiple of NW, K even. Returns -1
-   when the rounded activations' buffer could not be allocated. */
-static int bf16_panel_gemm(const uint32_t* wq, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
-                           int64_t N, int64_t K, int nthreads) {
-    const int64_t K2 = K / 2, panels = N / NW, MC = rows_per_block(K2 * (int64_t)sizeof(uint32_t));
-    uint32_t* xb = malloc(sizeof(uint32_t) * M * K2);
-    if (xb == NULL) return -1;
-#pragma omp parallel num_threads(nthreads)
-    {
-#pragma omp for schedule(static)
-        for (int64_t m = 0; m < M; m++)
-            bf16_row_pairs(x + m * ldx, K, xb + m * K2);
-        for (int64_t mc0 = 0; mc0 < M; mc0 += MC) { /* as panel_gemm: row blocks that stay in L2 */
-            const int64_t mc1 = M - mc0 < MC ? M : mc0 + MC;
-#pragma omp for schedule(static)
-            for (int64_t p = 0; p < panels; p++) {
-                const uint32_t* wp = wq + p * K2 * NW;
-                for (int64_t k0 = 0; k0 < K2; k0 += KP) {
-                    const int64_t kp = K2 - k0 < KP ? K2 - k0 : KP;
-                    for (int64_t m0 = mc0; m0 < mc1; m0 += MR) {
-                        const uint32_t* xm = xb + m0 * K2 + k0;
-                        float* ym = y + m0 * ldy + p * NW;
                         switch (mc1 - m0 < MR ? mc1 - m0 : MR) {
-#define T(a) case a: bf16_tile(xm, K2, wp + k0 * NW, kp, a, ym, ldy, k0 == 0, NW); break
+#define TILE(a) if (bf16) bf16_tile(xbm, K2, wb, kc / 2, a, ym, ldy, k0 == 0, nw); \
+                else gemm_tile(xm, ldx, w, kc, a, ym, ldy, k0 == 0, nw)
+#define T(a) case a: TILE(a); break
 #if MR == 8
                             T(8); T(7);
 #endif
-                            T(6); T(5); T(4); T(3); T(2);
-                            default: bf16_tile(xm, K2, wp + k0 * NW, kp, 1, ym, ldy, k0 == 0, NW);
+                            T(6); T(5); T(4); T(3); T(2); default: TILE(1);
 #undef T
+#undef TILE
                         }
                     }
                 }
@@ -1499,6 +1451,12 @@ void set_amx_min_rows(int64_t rows, int64_t bf16_rows, int64_t q4_rows) {
     amx_q4_rows_min = amx_usable() ? q4_rows : 0;
 }
 
+/* A GEMM that could not allocate its buffer: NaN outputs, never a silent wrong answer */
+static void poison(float* y, const int64_t ldy, const int64_t M, const int64_t N) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
+}
+
 void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
                  int64_t gemm_min, int nthreads) {
     const int64_t N = w->N, K = w->K;
@@ -1507,15 +1465,13 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
         if (!(amx_bf16_min_rows > 0 && M >= amx_bf16_min_rows && K % 32 == 0 &&
               amx_bf16_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) == 0))
 #endif
-        if (bf16_panel_gemm((const uint32_t*)w->codes, x, ldx, y, ldy, M, N, K, nthreads) != 0)
-            for (int64_t m = 0; m < M; m++) /* no memory: poison the output, never a silent wrong answer */
-                for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
+        if (panel_gemm(QW_BF16_PANEL, w->codes, NULL, NULL, 0, K, x, ldx, y, ldy, M, N, K, nthreads, 1) != 0)
+            poison(y, ldy, M, N);
     } else if (w->bf16_min_rows > 0 && M >= w->bf16_min_rows &&
                (w->kind == QW_Q4_PANEL || w->kind == QW_Q8_PANEL)) {
         if (panel_gemm(w->kind, w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads,
                        1) != 0)
-            for (int64_t m = 0; m < M; m++)
-                for (int64_t n = 0; n < N; n++) y[m * ldy + n] = NAN;
+            poison(y, ldy, M, N);
     } else if (M < gemm_min && w->kind != QW_F32_PANEL) {
         switch (w->kind) {
 #define Q4(fn) fn(w->codes, w->scales, w->mins, w->f16, w->group, x, ldx, y, ldy, M, N, K, nthreads)
