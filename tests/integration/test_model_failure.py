@@ -27,6 +27,9 @@ from .harness import MODEL, START_TIMEOUT_S, Launched, grpc_generate, launch, wa
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LONG = {"max_tokens": 400, "ignore_eos": True}  # far longer than the test: in flight when the stub dies
+#: TGI's parameters have no ignore_eos: a prompt whose greedy continuation runs all 400 tokens (the default model
+#: counts on), where "Tell me" ends at EOS after 7 and could finish as the stub is killed
+COUNTING = "Count from 1 to 500, separated by commas: 1, 2, 3,"
 
 
 @dataclass
@@ -97,7 +100,7 @@ def test_killed_model_process_fails_in_flight_requests_restarts_and_stops_cleanl
             ("triton http", lambda s, o: sse_stream(f"{server.http}/v2/models/{MODEL}/generate_stream",
                                                     {"text_input": "Tell me", "stream": True, **LONG}, s, o))] * 3 + [
             ("front", lambda s, o: sse_stream(f"{front}/generate_stream",
-                                              {"inputs": "Tell me", "parameters": {"max_new_tokens": 400}}, s, o))] * 3
+                                              {"inputs": COUNTING, "parameters": {"max_new_tokens": 400}}, s, o))] * 3
         for kind, target in targets:
             out, started = Outcome(kind), threading.Event()
             thread = threading.Thread(target=target, args=(started, out), daemon=True)
