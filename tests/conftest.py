@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # plain `pytest` (not `python -m pytest`) does not add the repo root
     sys.path.insert(0, str(ROOT))
 
+from tgi_llm.attention.cpu_kernels import cpu_attention_kernels  # noqa: E402
 from tgi_llm.attention.metadata import AttentionMetadata  # noqa: E402
 from tgi_llm.engine.kv_cache_manager import KVCacheManager  # noqa: E402
 from tgi_llm.engine.limits import LimitOptions, resolve_limits  # noqa: E402
@@ -212,3 +213,12 @@ class PlanPlayer:
 def plan_player() -> Callable[..., PlanPlayer]:
     """`plan_player(block_size=16, num_blocks=64, step_tokens=4096, prefix_caching=True) -> PlanPlayer`."""
     return PlanPlayer
+
+
+@pytest.fixture
+def prefill_kernel_chosen(monkeypatch) -> None:
+    """Prompt chunks through the C prefill attention kernel, whatever its load-time race against SDPA chose (it
+    loses in a build without AVX): mixed steps then take the fused layer stack on every machine."""
+    kernels = cpu_attention_kernels()
+    if kernels is not None:
+        monkeypatch.setattr(kernels, "prefill_wins", True)

@@ -8,23 +8,14 @@ import random
 import pytest
 import torch
 
-from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.llama import load_model
 from tgi_llm.quant.kernels import quant_kernels
 from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, Q8_GEMM_MIN_TOKENS
 from tgi_llm.quant.modes import Quantization
 
-pytestmark = pytest.mark.skipif(quant_kernels() is None, reason="no C compiler: the fused stack needs the kernels")
-
-
-@pytest.fixture(autouse=True)
-def prefill_kernel_chosen(monkeypatch):
-    """Mixed steps run here only where the prefill attention kernel beat SDPA at load, a timing (it loses in
-    a build without AVX): take it, so every machine tests them."""
-    kernels = cpu_attention_kernels()
-    if kernels is not None:
-        monkeypatch.setattr(kernels, "prefill_wins", True)
+pytestmark = [pytest.mark.skipif(quant_kernels() is None, reason="no C compiler: the fused stack needs the kernels"),
+              pytest.mark.usefixtures("prefill_kernel_chosen")]  # mixed steps on every machine
 
 
 def _forward(model, kv, step):

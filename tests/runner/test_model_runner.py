@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models.llama import load_model
 from tgi_llm.runner.model_runner import ModelRunner
@@ -87,7 +86,7 @@ def test_a_prefix_cache_hit_gives_the_logits_of_the_uncached_prompt(model):
     assert rel_err(cached[-1], uncached[-1]) < 1e-4
 
 
-def test_warm_up_checks_the_fused_stack_and_leaves_no_trace(model):
+def test_warm_up_checks_the_fused_stack_and_leaves_no_trace(model, prefill_kernel_chosen):
     """After warm_up the fused stack exists and has been compared on both kinds of step, so no request pays
     for that; the blocks it wrote (0 and 1) hold nothing a request later reads."""
     net, config = model
@@ -95,9 +94,7 @@ def test_warm_up_checks_the_fused_stack_and_leaves_no_trace(model):
     warmed.warm_up()
     fused = net._fused[1] if net._fused is not None else None
     assert fused is not None  # the default model on the CPU runs the fused stack (TGI_LLM_FUSED_DECODE unset)
-    # mixed steps too where the prefill attention kernel beat SDPA at load (not in a build without AVX)
-    kinds = {"decode", "mixed"} if cpu_attention_kernels().prefill_wins else {"decode"}
-    assert fused.checked == kinds and fused.agrees
+    assert fused.checked == {"decode", "mixed"} and fused.agrees
     rows = {}
     for name, runner in (("warmed", warmed), ("cold", fresh_runner(model))):
         player = PlanPlayer(BLOCK, NUM_BLOCKS, next_token=lambda i: 42 + i)
