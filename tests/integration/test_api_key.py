@@ -94,3 +94,20 @@ def test_the_launchers_front_uses_the_key_to_reach_triton(keyed):
     r = httpx.post(f"{front}/generate", json=body, headers=BEARER, timeout=60)
     assert r.status_code == 200 and "generated_text" in r.json()
     assert httpx.get(f"{front}/health", timeout=10).status_code == 200
+
+
+def test_one_check_everywhere_scheme_case_insensitive_key_exact(keyed):
+    """RFC 7235: `bearer` is the same scheme as `Bearer`; the key itself is compared exactly (the front once
+    lower-cased both, so `Bearer K3Y-FOR-TESTS` passed)."""
+    server, front = keyed
+    lower_scheme = {"Authorization": f"bearer {KEY}"}
+    upper_key = {"Authorization": f"Bearer {KEY.upper()}"}
+    generate = f"{server.http}/v2/models/{MODEL}/generate"
+    assert httpx.post(generate, json=BODY, headers=lower_scheme, timeout=60).status_code == 200
+    assert httpx.post(generate, json=BODY, headers=upper_key, timeout=60).status_code == 401
+    status, text = grpc_stream(server.grpc, {"authorization": f"BEARER {KEY}"})
+    assert status is None and text
+    assert grpc_stream(server.grpc, {"authorization": f"Bearer {KEY.upper()}"})[0] == "StatusCode.UNAUTHENTICATED"
+    body = {"inputs": "Hello", "parameters": {"max_new_tokens": 2}}
+    assert httpx.post(f"{front}/generate", json=body, headers=lower_scheme, timeout=60).status_code == 200
+    assert httpx.post(f"{front}/generate", json=body, headers=upper_key, timeout=60).status_code == 401

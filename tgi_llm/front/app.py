@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,18 +14,16 @@ from tgi_llm.front.config import FrontConfig
 from tgi_llm.front.errors import FrontError
 from tgi_llm.front.protocol import TritonGenerateClient
 from tgi_llm.front.state import FrontState
+from tgi_llm.gateway.api_key import ApiKey
 from tgi_llm.gateway.body import BodyLimit, PayloadTooLarge
 
 
 def _api_key_check(config: FrontConfig):
-    expected = f"Bearer {config.api_key}".lower() if config.api_key else None
+    api_key = ApiKey(config.api_key or None)
 
     async def check(request: Request) -> None:
-        if expected is None:
-            return
-        given = request.headers.get("authorization", "").lower()
-        # TGI compares the whole header case-insensitively; compare_digest keeps the timing flat.
-        if not hmac.compare_digest(given.encode(), expected.encode()):
+        # The gateway's check: the scheme case-insensitive, the key exact, in constant time.
+        if not api_key.allows(request.headers.get("authorization")):
             raise FrontError("Unauthorized", "unauthorized")
 
     return check

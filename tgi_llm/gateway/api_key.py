@@ -1,7 +1,10 @@
-"""--api-key on Triton's public ports: the gateway checks `Authorization: Bearer <key>` itself before it
-forwards anything but health. tritonserver checks it again on its loopback ports (launcher/security.py),
-but its gRPC stream answers a missing header with UNAVAILABLE or, racing, INTERNAL "Internal error
-from Core"; checked here, every client gets UNAUTHENTICATED (gRPC) or 401 (HTTP)."""
+"""--api-key: the one check of `Authorization: Bearer <key>`, for the gateway (Triton's public ports) and the
+TGI/OpenAI front. The scheme is case-insensitive (RFC 7235), the key compared exactly in constant time.
+
+The gateway checks it itself before it forwards anything but health. tritonserver checks it again on its
+loopback ports (launcher/security.py) by exact comparison with `Bearer <key>`, so the gateway forwards that
+canonical header (`upstream`); its gRPC stream also answers a missing header with UNAVAILABLE or, racing,
+INTERNAL "Internal error from Core": checked here, every client gets UNAUTHENTICATED (gRPC) or 401 (HTTP)."""
 
 from __future__ import annotations
 
@@ -26,7 +29,12 @@ class ApiKey:
             return True
         if authorization is None:
             return False
-        if isinstance(authorization, bytes):
-            authorization = authorization.decode("latin-1")
-        scheme, _, token = authorization.strip().partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.key.encode())
+        if isinstance(authorization, str):  # ASGI and gRPC hand header values over as latin-1 text
+            authorization = authorization.encode("latin-1", errors="replace")
+        scheme, _, token = authorization.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key.encode())
+
+    def upstream(self, authorization: str) -> str:
+        """The header to forward for an allowed `authorization`: the canonical `Bearer <key>` tritonserver
+        compares with, so `bearer <key>` passes there too."""
+        return authorization if self.key is None else f"Bearer {self.key}"

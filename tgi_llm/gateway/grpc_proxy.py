@@ -57,13 +57,15 @@ _ASK_ERROR_CODE = service_pb2.ModelInferRequest(
     parameters={ERROR_CODE_PARAMETER: service_pb2.InferParameter(bool_param=True)}).SerializeToString()
 
 
-def upstream_metadata(metadata: Any) -> tuple[tuple[str, str], ...]:
+def upstream_metadata(metadata: Any, api_key: ApiKey | None = None) -> tuple[tuple[str, str], ...]:
     out = []
     for key, value in metadata or ():
         key = key.lower()
         if key.startswith(":") or key in _DROPPED or key.endswith("-bin"):
             continue
-        out.append((_TRITON_AUTH if key == "authorization" else key, value))
+        if key == "authorization":
+            key, value = _TRITON_AUTH, (api_key or ApiKey(None)).upstream(value)
+        out.append((key, value))
     return tuple(out)
 
 
@@ -129,7 +131,7 @@ class GrpcGateway(grpc.GenericRpcHandler):
 
         async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             try:
-                return await call(request, metadata=upstream_metadata(context.invocation_metadata()),
+                return await call(request, metadata=upstream_metadata(context.invocation_metadata(), self.api_key),
                                   timeout=_timeout(context))
             except grpc.aio.AioRpcError as exc:
                 code, message = grpc_error(exc.code(), exc.details() or "", self.model)
@@ -167,7 +169,7 @@ class GrpcGateway(grpc.GenericRpcHandler):
         its responses and those answers reach the client through another."""
         wants_status = any(k.lower() == _STATUS_HEADER and v.lower() == "true"
                            for k, v in context.invocation_metadata() or ())
-        metadata = upstream_metadata(context.invocation_metadata())
+        metadata = upstream_metadata(context.invocation_metadata(), self.api_key)
         to_triton: asyncio.Queue[bytes | None] = asyncio.Queue()
         to_client: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 

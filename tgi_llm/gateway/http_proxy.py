@@ -169,7 +169,8 @@ class GatewayApp:
 
     async def _forward(self, scope: Scope, receive: Receive | None, send: Send, url: str,
                        body: bytes | None = None) -> None:
-        headers = [(k, v) for k, v in scope.get("headers", []) if k not in _REQUEST_HEADERS_DROPPED]
+        headers = [(k, self.api_key.upstream(v.decode("latin-1")).encode("latin-1") if k == b"authorization" else v)
+                   for k, v in scope.get("headers", []) if k not in _REQUEST_HEADERS_DROPPED]
         query = scope.get("query_string", b"")
         request = self.client.build_request(scope["method"], url + ("?" + query.decode("latin-1") if query else ""),
                                             headers=headers, content=body)
