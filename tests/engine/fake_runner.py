@@ -11,13 +11,15 @@ from tgi_llm.engine.step_plan import StepPlan
 
 class FakeRunner:
     """Sequence i emits `script[k]` as its k-th token (cycling), unless its prompt starts with a key
-    of `per_prompt`, whose list it follows instead. A prompt starting with `poison` fails the forward."""
+    of `per_prompt`, whose list it follows instead. A prompt starting with `poison` fails the forward; one
+    starting with `unfollowable` gets an error result (as a grammar that cannot be followed) at its 3rd token."""
 
     def __init__(self, script: list[int], per_prompt: dict[int, list[int]] | None = None,
-                 poison: int | None = None, step_delay_s: float = 0.0) -> None:
+                 poison: int | None = None, step_delay_s: float = 0.0, unfollowable: int | None = None) -> None:
         self.script = script
         self.per_prompt = per_prompt or {}
         self.poison = poison
+        self.unfollowable = unfollowable
         self.step_delay_s = step_delay_s
         self.batches: list[list[int]] = []  # request ids of every forward, for batching assertions
         self.plans: list[StepPlan] = []
@@ -42,7 +44,11 @@ class FakeRunner:
                 out.append(SeqResult(prompt_logprobs=prompt_lps) if prompt_lps else None)
                 continue
             script = self.per_prompt.get(request.input_ids[0], self.script)
-            token = script[(entry.end - request.input_length) % len(script)]
+            index = entry.end - request.input_length
+            if request.input_ids[0] == self.unfollowable and index == 2:
+                out.append(SeqResult(token_id=script[0], error="the grammar cannot be followed: limit hit"))
+                continue
+            token = script[index % len(script)]
             out.append(SeqResult(token_id=token, logprob=-0.5, top_ids=[token], top_logprobs=[-0.5],
                                  prompt_logprobs=prompt_lps))
         return out

@@ -10,7 +10,7 @@ import pytest
 
 from tgi_llm.engine import Engine, LimitOptions
 from tgi_llm.engine.limits import resolve_limits
-from tgi_llm.errors import CancelledError, GenerationError, OverloadedError, ShutdownError
+from tgi_llm.errors import CancelledError, GenerationError, OverloadedError, ShutdownError, ValidationError
 from tgi_llm.events import ErrorEvent, FinalEvent, FinishReason, TokenEvent
 
 from .fake_runner import FakeRunner
@@ -190,6 +190,27 @@ def test_forward_failure_ends_only_that_batch(tokenizer, words):
         good = Collector()
         engine.submit(engine.validate("fine", {"max_new_tokens": 4}), good)
         assert isinstance(good.wait_end(), FinalEvent)
+        assert engine.stats().kv_blocks_free == engine.stats().kv_blocks_total
+    finally:
+        engine.shutdown()
+
+
+def test_a_result_with_an_error_ends_that_request_with_it_and_drops_its_token(tokenizer, words):
+    """A grammar that cannot be followed mid-generation: the client gets an error, never a success with
+    output the grammar does not allow; the others in the batch go on."""
+    bad_start = tokenizer("Z", add_special_tokens=False)["input_ids"][0]
+    engine = make_engine(tokenizer, FakeRunner(words, unfollowable=bad_start))
+    try:
+        bad, good = Collector(), Collector()
+        engine.submit(engine.validate([bad_start, 3, 4], {"max_new_tokens": 8}), bad)
+        engine.submit(engine.validate("fine", {"max_new_tokens": 6}), good)
+        end = bad.wait_end()
+        assert isinstance(end, ErrorEvent) and isinstance(end.error, ValidationError)
+        assert "grammar cannot be followed" in str(end.error)
+        assert [e.index for e in bad.seen if isinstance(e, TokenEvent)] == [0, 1]  # the failed step's token dropped
+        final = good.wait_end()
+        assert isinstance(final, FinalEvent) and final.generated_tokens == 6
+        bad.assert_no_more()
         assert engine.stats().kv_blocks_free == engine.stats().kv_blocks_total
     finally:
         engine.shutdown()

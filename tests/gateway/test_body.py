@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import pytest
 from starlette.responses import JSONResponse
 
-from tgi_llm.gateway.body import BadJson, BodyLimit, PayloadTooLarge, json_depth, load_json
+from tgi_llm.gateway.body import BadJson, BodyLimit, PayloadTooLarge, check_json, load_json
 
 
 async def echo_length(scope, receive, send) -> None:
@@ -61,13 +63,42 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit(client):
     assert r.status_code == 413
 
 
-def test_json_depth_is_counted_without_recursion():
-    assert json_depth(1) == 0
-    assert json_depth({"a": [1, {"b": []}]}) == 4
+def test_json_depth_is_checked_without_recursion():
+    check_json({"a": [1, {"b": []}]}, max_depth=4)
+    with pytest.raises(BadJson, match="nested deeper than 3"):
+        check_json({"a": [1, {"b": []}]}, max_depth=3)
     deep: list = []
     for _ in range(100_000):
         deep = [deep]
-    assert json_depth(deep) == 100_001
+    with pytest.raises(BadJson, match="nested deeper than 32"):
+        check_json(deep)
+
+
+@pytest.mark.parametrize("body, field", [
+    (b'{"parameters": {"temperature": NaN}}', "parameters.temperature"),
+    (b'{"top_p": Infinity}', "top_p"),
+    (b'[1, -Infinity]', "1"),
+    (b'{"a": {"b": [0.5, 1e999]}}', "a.b.1"),
+    (b'NaN', "body"),
+])
+def test_load_json_refuses_non_finite_numbers_naming_where(body, field):
+    with pytest.raises(BadJson, match=f"`{re.escape(field)}` must be a finite number"):
+        load_json(body)
+
+
+@pytest.mark.parametrize("body, field", [
+    (b'{"inputs": "a\\ud800b"}', "inputs"),
+    (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages.0.content"),
+    (b'{"stop": ["ok", "\\ud83d"]}', "stop.1"),
+    (b'{"\\ud800": 1}', "body"),
+])
+def test_load_json_refuses_lone_surrogates_naming_where(body, field):
+    with pytest.raises(BadJson, match=f"`{re.escape(field)}` holds a lone UTF-16 surrogate"):
+        load_json(body)
+
+
+def test_load_json_keeps_valid_unicode_and_surrogate_pairs():
+    assert load_json(b'{"t": "\\ud83d\\ude00 caf\xc3\xa9"}') == {"t": "\U0001f600 caf\u00e9"}
 
 
 def test_load_json_refuses_deep_nesting_and_says_why():

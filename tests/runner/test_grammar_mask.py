@@ -61,3 +61,29 @@ def test_the_forced_end_after_a_complete_match_is_reported_done(tokenizer):
     masker.mask(logits, [0], [matcher])
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
     assert masker.advance([matcher], [eos]) == [True]
+
+
+def test_a_matcher_that_fails_reports_why_in_one_bounded_line(tokenizer, caplog):
+    """A schema that only refers to itself matches nothing: its matcher fails computing the first mask. The
+    request must end with that error, not as a success, and the log must not hold the parser's whole state."""
+    import llguidance
+
+    vocab, eos = len(tokenizer), tokenizer.eos_token_id
+    compiler = GrammarCompiler(tokenizer, vocab, {eos})
+    grammar = llguidance.LLMatcher.grammar_from_json_schema('{"$ref": "#"}')
+    matcher = llguidance.LLMatcher(compiler._tokenizer(), grammar)  # past compile()'s up-front check
+    masker = GrammarMasker(vocab, frozenset({eos}))
+    logits = torch.zeros(1, vocab)
+    masker.mask(logits, [0], [matcher])
+    (outcome,) = masker.advance([matcher], [int(torch.argmax(logits[0]))])
+    assert isinstance(outcome, str) and outcome.startswith("the grammar cannot be followed: ")
+    assert len(outcome) < 300 and "\n" not in outcome
+    assert all(len(r.getMessage()) < 400 for r in caplog.records)
+
+
+def test_a_grammar_that_cannot_be_followed_is_refused_up_front(tokenizer):
+    from tgi_llm.errors import ValidationError
+
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), {tokenizer.eos_token_id})
+    with pytest.raises(ValidationError, match="^`response_format` cannot be followed: "):
+        compiler.compile(GrammarSpec.json_schema({"$ref": "#"}), "response_format")

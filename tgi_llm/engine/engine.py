@@ -29,7 +29,14 @@ from tgi_llm.engine.stats import EngineStats, StepStats
 from tgi_llm.engine.step_plan import StepPlan
 from tgi_llm.engine.stopping import StopChecker
 from tgi_llm.engine.validation import Validator
-from tgi_llm.errors import CancelledError, GenerationError, OverloadedError, ShutdownError, TgiError
+from tgi_llm.errors import (
+    CancelledError,
+    GenerationError,
+    OverloadedError,
+    ShutdownError,
+    TgiError,
+    ValidationError,
+)
 from tgi_llm.events import ErrorEvent, Event
 from tgi_llm.request import ValidRequest
 
@@ -195,6 +202,10 @@ class Engine:
             self._emit(seq, self.postprocessor.token_event(seq))
             if seq.finish_reason is not None:
                 self._end(seq, self.postprocessor.final_event(seq))
+        for entry, result in zip(plan.seqs, results, strict=True):
+            if result is not None and result.error is not None:
+                seq = self.scheduler.running[entry.request_id]
+                self._end(seq, ErrorEvent(seq.request_id, ValidationError(result.error)))
         t3 = time.perf_counter()
         decodes = sum(1 for s in plan.seqs if s.is_decode)
         chunks = [(s.start, s.num_tokens) for s in plan.seqs if not s.is_decode]

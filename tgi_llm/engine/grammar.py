@@ -155,13 +155,19 @@ class GrammarCompiler:
             else:
                 grammar = llguidance.grammar_from("grammar", spec.value)
         except Exception as exc:  # the library's parse errors: the client's grammar is wrong
-            raise ValidationError(f"`{field_name}` cannot be compiled: {_first_line(exc)}") from None
+            raise ValidationError(f"`{field_name}` cannot be compiled: {error_line(exc)}") from None
         error = llguidance.LLMatcher.validate_grammar(grammar)
         if error:
-            raise ValidationError(f"`{field_name}` cannot be compiled: {_first_line(error)}")
+            raise ValidationError(f"`{field_name}` cannot be compiled: {error_line(error)}")
         matcher = llguidance.LLMatcher(tokenizer, grammar)
         if matcher.is_error():
-            raise ValidationError(f"`{field_name}` cannot be compiled: {_first_line(matcher.get_error())}")
+            raise ValidationError(f"`{field_name}` cannot be compiled: {error_line(matcher.get_error())}")
+        # Some grammars fail only once a mask is asked for (a schema that only refers to itself matches
+        # nothing): asked here on a copy, they are refused up front instead of failing while generating.
+        probe = matcher.deep_copy()
+        probe.compute_bitmask()
+        if probe.is_error():
+            raise ValidationError(f"`{field_name}` cannot be followed: {error_line(probe.get_error())}")
         elapsed = time.perf_counter() - t0
         with self._lock:
             self.stats.compiled += 1
@@ -170,6 +176,7 @@ class GrammarCompiler:
         return CompiledGrammar(spec, matcher)
 
 
-def _first_line(error: Any) -> str:
+def error_line(error: Any, limit: int = 300) -> str:
+    """llguidance's errors carry the parser's whole state (the grammar included): the first line, bounded."""
     text = str(error).strip()
-    return text.splitlines()[0][:300] if text else "unknown error"
+    return text.splitlines()[0][:limit] if text else "unknown error"

@@ -24,6 +24,8 @@ class SeqResult:
     prompt_top: list[tuple[list[int], list[float]]] | None = None
     #: The sampled token completed the request's grammar (the end-of-sequence it forces): the request ends.
     grammar_done: bool = False
+    #: The request cannot go on (its grammar cannot be followed): it ends with this error, its token dropped.
+    error: str | None = None
 
 
 class Runner(Protocol):

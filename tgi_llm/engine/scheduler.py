@@ -201,6 +201,8 @@ class Scheduler:
         sampled a token this step, in plan order."""
         sampled = []
         for entry, result in zip(plan.seqs, results, strict=True):
+            if result is not None and result.error is not None:
+                continue  # the engine ends it with its error
             seq = self.running[entry.request_id]
             seq.num_computed = entry.end
             if result is not None and result.prompt_logprobs:

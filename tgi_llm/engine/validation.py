@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,7 +28,13 @@ def _number(params: Mapping[str, Any], name: str) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValidationError(f"`{name}` must be a number. Given: {value!r}")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        number = math.inf
+    if not math.isfinite(number):  # NaN passes every comparison: it would sample token 0 forever
+        raise ValidationError(f"`{name}` must be a finite number. Given: {value!r}")
+    return number
 
 
 def _integer(params: Mapping[str, Any], name: str) -> int | None:

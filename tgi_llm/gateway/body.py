@@ -7,6 +7,7 @@ the gateway in front of Triton's HTTP ports.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -106,30 +107,53 @@ class BodyLimit:
 
 
 def load_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse `raw`; BadJson (with the reason) when it is not UTF-8 JSON or nests deeper than `max_depth`."""
+    """Parse `raw`; BadJson (with the reason) when it is not UTF-8 JSON, nests deeper than `max_depth`, or holds
+    what strict JSON parsers (serde_json, TGI's) refuse and Python's accepts: NaN, Infinity, numbers past a
+    double's range and lone UTF-16 surrogates. The message names where (`messages.0.content`)."""
     try:
         value = json.loads(raw)
     except RecursionError:
         raise BadJson(f"JSON body nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise BadJson(f"the request body is not valid JSON: {exc}") from None
-    if json_depth(value) > max_depth:
-        raise BadJson(f"JSON body nested deeper than {max_depth} levels")
+    check_json(value, max_depth)
     return value
 
 
-def json_depth(value: Any) -> int:
-    """Nesting depth of a parsed JSON value (a scalar is 0), without recursion."""
-    deepest = 0
-    stack = [(value, 1)]
+def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+    """BadJson unless `value` nests at most `max_depth` deep and holds only finite numbers and strings
+    that encode as UTF-8. Iterative: a deep value must not recurse."""
+    _check_scalar(value, ())
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
     while stack:
-        item, depth = stack.pop()
+        item, path = stack.pop()
         if isinstance(item, dict):
-            children = item.values()
+            children = item.items()
         elif isinstance(item, list):
-            children = item
+            children = enumerate(item)
         else:
             continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
-    return deepest
+        if len(path) >= max_depth:
+            raise BadJson(f"JSON body nested deeper than {max_depth} levels")
+        for key, child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, (*path, key)))
+            else:  # the path is built only for an error: a list of 100,000 token ids stays cheap
+                _check_scalar(child, path, key)
+            if isinstance(key, str):
+                _check_scalar(key, path)
+
+
+def _check_scalar(item: Any, path: tuple[Any, ...], key: Any = None) -> None:
+    if isinstance(item, float) and not math.isfinite(item):
+        raise BadJson(f"`{_where(path, key)}` must be a finite number. Given: {item}")
+    if isinstance(item, str) and not item.isascii():
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadJson(f"`{_where(path, key)}` holds a lone UTF-16 surrogate, which is not valid Unicode") from None
+
+
+def _where(path: tuple[Any, ...], key: Any = None) -> str:
+    parts = path if key is None else (*path, key)
+    return ".".join(str(part) for part in parts) or "body"

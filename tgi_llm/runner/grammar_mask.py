@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tgi_llm.engine.grammar import error_line
+
 logger = logging.getLogger(__name__)
 
 
@@ -53,15 +55,20 @@ class GrammarMasker:
             logits.index_copy_(0, index, logits.index_select(0, index).masked_fill_(blocked, float("-inf")))
         self.mask_times_s.append(time.perf_counter() - t0)
 
-    def advance(self, matchers: list[Any], tokens: list[int]) -> list[bool]:
-        """Consume each sampled token; True where it ended its grammar (the forced end-of-sequence after a
-        complete match), which ends the request even with ignore_eos."""
-        done = []
+    def advance(self, matchers: list[Any], tokens: list[int]) -> list[bool | str]:
+        """Consume each sampled token. Per matcher: True where the token ended its grammar (the forced
+        end-of-sequence after a complete match), which ends the request even with ignore_eos; False where
+        it goes on; or the reason the grammar cannot be followed (a matcher that failed computing its mask,
+        or that refused the token: a parser limit hit by a recursive schema), which ends the request with an
+        error: its output so far does not match the grammar."""
+        outcomes: list[bool | str] = []
         for matcher, token in zip(matchers, tokens, strict=True):
-            matcher.consume_token(token)
-            if matcher.is_error():  # cannot happen with a correct mask; end the request rather than loop
-                logger.warning("grammar matcher error: %s", matcher.get_error())
-                done.append(True)
+            if not matcher.is_error():
+                matcher.consume_token(token)
+            if matcher.is_error():
+                reason = error_line(matcher.get_error())
+                logger.warning("a request's grammar cannot be followed: %s", reason)
+                outcomes.append(f"the grammar cannot be followed: {reason}")
             else:
-                done.append(matcher.is_stopped() and token in self.eos_token_ids)
-        return done
+                outcomes.append(matcher.is_stopped() and token in self.eos_token_ids)
+        return outcomes

@@ -115,9 +115,9 @@ class ModelRunner:
         penalties.record(keys, out.next_token_ids)
         # One host transfer for the whole batch.
         ids = out.next_token_ids.tolist()
-        done = self.grammar.advance([states[j].matcher for j in constrained], [ids[j] for j in constrained]) \
+        outcomes = self.grammar.advance([states[j].matcher for j in constrained], [ids[j] for j in constrained]) \
             if constrained else []
-        grammar_done = {j for j, d in zip(constrained, done, strict=True) if d}
+        outcome = dict(zip(constrained, outcomes, strict=True))
         lps = out.logprobs.tolist()
         top_ids = out.top_token_ids.tolist() if out.top_token_ids is not None else None
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
@@ -127,7 +127,8 @@ class ModelRunner:
                 token_id=ids[j], logprob=lps[j],
                 top_ids=top_ids[j][:n] if top_ids and n else [],
                 top_logprobs=top_lps[j][:n] if top_lps and n else [],
-                grammar_done=j in grammar_done,
+                grammar_done=outcome.get(j) is True,
+                error=outcome[j] if isinstance(outcome.get(j), str) else None,
             )
 
     def _hold_eos(self, logits: torch.Tensor, entries: list, states: list) -> None:
