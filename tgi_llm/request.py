@@ -23,10 +23,6 @@ class SamplingParams:
     presence_penalty: float = 0.0  # 0.0: disabled (OpenAI's; TGI's chat route accepts it)
     seed: int = 0
 
-    @property
-    def is_greedy(self) -> bool:
-        return not self.do_sample
-
 
 @dataclass(frozen=True)
 class StoppingParams:

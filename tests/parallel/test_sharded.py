@@ -20,7 +20,7 @@ from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.events import ErrorEvent, FinalEvent, TokenEvent
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models.llama import load_model
-from tgi_llm.parallel import ShardGroup, launch
+from tgi_llm.parallel import ShardedModelRunner, ShardGroup, launch
 from tgi_llm.procfs import pid_alive
 from tgi_llm.runner.model_runner import ModelRunner
 
@@ -76,7 +76,7 @@ def sharded_logits(model_dir, prompts, num_shard: int):
     try:
         model, config = load_model(model_dir, shard=group.shard)
         caches = allocate_kv_cache(group.cache_config(config), NUM_BLOCKS, BLOCK)
-        runner = group.runner(model, caches, BLOCK, config.vocab_size, CPU)
+        runner = ShardedModelRunner(group, model, caches, BLOCK, config.vocab_size, CPU)
         return prefill_then_decode(lambda plan: runner.forward_plan(plan)[1], prompts)
     finally:
         group.stop()

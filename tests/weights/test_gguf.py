@@ -17,7 +17,7 @@ from tgi_llm.models import load_model
 from tgi_llm.quant.linear import QuantLinear
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.weights import default_gguf_path, resolve_model_dir
-from tgi_llm.weights.resolve import MARKER_FILE
+from tgi_llm.weights.gguf_marker import MARKER_FILE
 
 VOCAB = 2048
 

@@ -109,10 +109,13 @@ def _build_engine(opts: EngineOptions) -> Engine:
         limits.prefill_step_target_ms or "-",
     )
     eos = eos_token_ids(model_dir, tokenizer)
-    runner = (shards.runner if shards else ModelRunner)(model, kv_caches, block_size, config.vocab_size, device,
-                                                        frozenset(eos))
     if shards is None:
+        runner = ModelRunner(model, kv_caches, block_size, config.vocab_size, device, frozenset(eos))
         runner.warm_up()
+    else:  # returns once every shard is ready to run steps
+        from tgi_llm.parallel import ShardedModelRunner
+
+        runner = ShardedModelRunner(shards, model, kv_caches, block_size, config.vocab_size, device, frozenset(eos))
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
     engine.scheduler.pacer.context_weight = attention_cost_per_context_token(config)

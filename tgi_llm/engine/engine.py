@@ -80,13 +80,6 @@ class Engine:
         self.healthy = True
         self._grammar_requests = 0
 
-    @classmethod
-    def from_options(cls, options: Any) -> Engine:
-        """Load the model and size the cache from EngineOptions (see builder.build_engine)."""
-        from tgi_llm.engine.builder import build_engine
-
-        return build_engine(options)
-
     # ---- public API (any thread) ----
     def validate(self, inputs: str | Seq[int], params: Mapping[str, Any] | None = None,
                  stream: bool = False) -> ValidRequest:

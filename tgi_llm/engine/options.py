@@ -42,12 +42,6 @@ class EngineOptions:
             (limits if key in LimitOptions.__dataclass_fields__ else values)[key] = value
         return cls(**values, limits=LimitOptions(**limits))
 
-    def to_parameters(self) -> dict[str, str]:
-        """The inverse of from_parameters (unset values are left out)."""
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "limits"}
-        out |= {f.name: getattr(self.limits, f.name) for f in fields(self.limits)}
-        return {k: str(v) for k, v in out.items() if v is not None}
-
 
 _TRUE, _FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 

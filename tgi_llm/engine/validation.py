@@ -12,13 +12,6 @@ from tgi_llm.engine.limits import Limits
 from tgi_llm.errors import ValidationError
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
 
-#: Parameters TGI accepts that change nothing here, or that we accept at their neutral value only.
-_IGNORED = {"watermark", "adapter_id"}
-_KNOWN = {
-    "best_of", "temperature", "repetition_penalty", "frequency_penalty", "top_k", "top_p", "typical_p",
-    "do_sample", "max_new_tokens", "presence_penalty", "return_full_text", "stop", "truncate", "seed", "details",
-    "decoder_input_details", "top_n_tokens", "grammar", "ignore_eos", "stream", "min_new_tokens",
-} | _IGNORED
 _U64_MAX = 2**64 - 1
 
 
@@ -245,7 +238,3 @@ class Validator:
             seed=random.getrandbits(64) if seed is None else seed,
         )
 
-
-def unknown_parameters(params: Mapping[str, Any]) -> list[str]:
-    """Names a caller sent that TGI does not know (the front ends log them)."""
-    return sorted(set(params) - _KNOWN)

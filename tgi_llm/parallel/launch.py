@@ -30,21 +30,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from tgi_llm.errors import ArgumentValidationError
-from tgi_llm.kv_cache import KVCache
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.parallel.comm import SETUP, STOP, PlanChannel, destroy_groups, init_groups
 from tgi_llm.parallel.mpi_shm import unlink_mapped_segments
 from tgi_llm.procfs import pid_alive
 from tgi_llm.weights.safetensors_loader import Shard
-
-if TYPE_CHECKING:
-    from tgi_llm.parallel.runner import ShardedModelRunner
 
 logger = logging.getLogger(__name__)
 
@@ -163,13 +158,6 @@ class ShardGroup:
 
     def cache_config(self, config: ModelConfig) -> ModelConfig:
         return local_config(config, self.shard.world_size)
-
-    def runner(self, model: torch.nn.Module, kv_caches: KVCache, block_size: int, vocab_size: int,
-               device: torch.device, eos_token_ids: frozenset[int] = frozenset()) -> ShardedModelRunner:
-        """Rank 0's runner; returns once every shard is ready to run steps."""
-        from tgi_llm.parallel.runner import ShardedModelRunner
-
-        return ShardedModelRunner(self, model, kv_caches, block_size, vocab_size, device, eos_token_ids)
 
     def connect(self, num_blocks: int, block_size: int) -> None:
         """Wait for every shard to load its slice, join the process groups, send the KV-cache geometry.

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from tgi_llm.weights.resolve import MARKER_FILE
+from tgi_llm.weights.gguf_marker import MARKER_FILE
 
 logger = logging.getLogger(__name__)
 

