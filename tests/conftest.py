@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,15 @@ from tgi_llm.engine.stopping import StopChecker  # noqa: E402
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture
+def use_settings() -> Iterator[Callable[..., None]]:
+    """`use_settings(**changes)`: the rest of the test runs with those runtime settings (tgi_llm/settings.py)."""
+    from tgi_llm.settings import override
+
+    with contextlib.ExitStack() as stack:
+        yield lambda **changes: stack.enter_context(override(**changes))
 
 
 @pytest.fixture(scope="session")

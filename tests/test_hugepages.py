@@ -54,10 +54,10 @@ def test_placed_tensors_are_equal_aligned_copies():
     assert 0 < placed[1].data_ptr() - placed[0].data_ptr() < 300 * 577 * 4 + 64
 
 
-def test_outside_a_load_or_when_disabled_tensors_stay_put(monkeypatch):
+def test_outside_a_load_or_when_disabled_tensors_stay_put(use_settings):
     t = torch.randn(256, 256)
     assert in_huge_pages(t) is t
-    monkeypatch.setenv("TGI_LLM_HUGE_PAGES", "0")
+    use_settings(huge_pages=False)
     with weights_in_huge_pages() as arena:
         assert arena is None and in_huge_pages(t) is t
 

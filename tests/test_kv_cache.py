@@ -34,11 +34,11 @@ def test_a_large_pool_is_zeroed_private_memory_on_huge_page_boundaries():
 
 
 @pytest.mark.skipif(thp_mode() != "madvise", reason="needs THP in madvise mode (advice decides)")
-def test_written_blocks_lie_in_huge_pages_unless_turned_off(monkeypatch):
+def test_written_blocks_lie_in_huge_pages_unless_turned_off(use_settings):
     k, _ = allocate_kv_cache(CONFIG, num_blocks=4096, block_size=16)[0]
     k.view(-1)[: 2 * HUGE_PAGE // 4].fill_(1.0)
     assert anon_huge_kb(*mapping_of(k)) >= HUGE_PAGE // 1024  # (a fragmented machine may back some in 4 KiB)
-    monkeypatch.setenv("TGI_LLM_HUGE_PAGES", "0")
+    use_settings(huge_pages=False)
     plain, _ = allocate_kv_cache(CONFIG, num_blocks=4096, block_size=16)[0]
     plain.view(-1)[: 2 * HUGE_PAGE // 4].fill_(1.0)
     assert anon_huge_kb(*mapping_of(plain)) == 0

@@ -27,8 +27,8 @@ def script(path: Path, body: str) -> str:
 
 
 @pytest.fixture(autouse=True)
-def kernel_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path / "cache"))
+def kernel_cache(tmp_path, use_settings):
+    use_settings(kernel_cache=tmp_path / "cache")
     return tmp_path / "cache"
 
 
@@ -70,10 +70,10 @@ def test_a_missing_compiler_is_one_error(tmp_path):
         build_library("tiny", TINY, compiler=str(tmp_path / "no-such-cc"))
 
 
-def test_an_unwritable_cache_is_one_error(tmp_path, monkeypatch):
+def test_an_unwritable_cache_is_one_error(tmp_path, use_settings):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory", encoding="utf-8")
-    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(blocker / "cache"))
+    use_settings(kernel_cache=blocker / "cache")
     with pytest.raises(NativeBuildError, match="could not build tiny"):
         build_library("tiny", TINY, compiler=REAL_CC or "cc")
 

@@ -41,9 +41,9 @@ ISAS = [("generic", "-march=x86-64", set()), ("avx2", "-march=haswell", {"avx2",
 @needs_cc
 @pytest.mark.skipif(not CPU_FLAGS, reason="not an x86 Linux machine")
 @pytest.mark.parametrize(("isa", "march", "needs"), ISAS, ids=[i[0] for i in ISAS])
-def test_each_instruction_set_builds_and_computes(tmp_path, monkeypatch, tiny_model_factory, paged_batcher, isa, march,
+def test_each_instruction_set_builds_and_computes(tmp_path, use_settings, tiny_model_factory, paged_batcher, isa, march,
                                                   needs):
-    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
+    use_settings(kernel_cache=tmp_path)
     flags = tuple(march if f == "-march=native" else f for f in BASE_FLAGS)
     path = build_library(f"quant_{isa}", kernels_mod._SOURCE, flags=flags)
     attention_path = build_library(f"attention_{isa}", attention_mod._SOURCE, flags=flags)

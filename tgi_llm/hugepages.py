@@ -21,12 +21,13 @@ import ctypes
 import logging
 import math
 import mmap
-import os
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
+
+from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ _ARENA: ContextVar[HugePageArena | None] = ContextVar("tgi_llm_huge_page_arena",
 
 
 def enabled() -> bool:
-    return os.environ.get("TGI_LLM_HUGE_PAGES", "1") != "0" and hasattr(mmap, "MADV_HUGEPAGE")
+    return settings().huge_pages and hasattr(mmap, "MADV_HUGEPAGE")
 
 
 @contextlib.contextmanager

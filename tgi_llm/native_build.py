@@ -26,6 +26,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tgi_llm.settings import settings
+
 logger = logging.getLogger(__name__)
 
 #: -Wno-psabi: the kernels use 64-byte vector types in static inline functions only, so the ABI note gcc
@@ -66,8 +68,7 @@ def compiler_version(compiler: str) -> str:
 
 
 def cache_dir() -> Path:
-    env = os.environ.get("TGI_LLM_KERNEL_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tgi_llm" / "kernels"
+    return settings().kernel_cache
 
 
 def build_library(name: str, source: str, compiler: str | None = None,

@@ -261,16 +261,16 @@ def test_prefill_takes_only_groups_its_work_items_hold():
 
 
 @pytest.mark.parametrize("forced", ["kernel", "torch"])
-def test_the_prefill_path_can_be_forced(monkeypatch, forced):
+def test_the_prefill_path_can_be_forced(use_settings, forced):
     lib = CpuAttentionKernels(kernel._lib._name)
-    monkeypatch.setenv("TGI_LLM_CPU_PREFILL", forced)
+    use_settings(cpu_prefill=forced)
     assert "forced" in _choose_prefill(lib)
     assert lib.prefill_wins == (forced == "kernel")
 
 
-def test_the_prefill_path_is_chosen_by_timing_both(monkeypatch):
+def test_the_prefill_path_is_chosen_by_timing_both(monkeypatch, use_settings):
     lib = CpuAttentionKernels(kernel._lib._name)
-    monkeypatch.delenv("TGI_LLM_CPU_PREFILL", raising=False)
+    use_settings(cpu_prefill="auto")
     calls = []
     monkeypatch.setattr(lib, "prefill", lambda *a: calls.append("kernel"))
     monkeypatch.setattr(cpu_kernels, "_sdpa_prefill", lambda *a: calls.append("sdpa"))
@@ -279,10 +279,10 @@ def test_the_prefill_path_is_chosen_by_timing_both(monkeypatch):
     assert calls.count("kernel") == calls.count("sdpa") == 3  # a warm-up and two timed runs each
 
 
-def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, monkeypatch):
+def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, use_settings):
     """The load-time check covers the sequence-per-item path too (batches of 4 sequences a thread): a
     library whose batched decode reads the wrong value head must not serve."""
-    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
+    use_settings(kernel_cache=tmp_path)
     right = "add_pv_group(s + h * G * stride + l0, stride, vb + h * D, n, tok, C, G, os + h * G * D)"
     assert right in cpu_kernels._SOURCE
     wrong = cpu_kernels._SOURCE.replace(right, right.replace("vb + h * D", "vb"))  # the same for one head
@@ -293,9 +293,9 @@ def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, mo
 
 
 @needs_bf16
-def test_self_check_rejects_a_library_whose_bf16_prefill_is_wrong(tmp_path, monkeypatch):
+def test_self_check_rejects_a_library_whose_bf16_prefill_is_wrong(tmp_path, use_settings):
     """A bfloat16 prefill that reads KV head 0's keys for every head must not serve either."""
-    monkeypatch.setenv("TGI_LLM_KERNEL_CACHE", str(tmp_path))
+    use_settings(kernel_cache=tmp_path)
     right = "bf16_row(key_row(kc, table, j0 + t, BS, tok) + h * D, 1.f, D, kb + t * D)"
     assert right in cpu_kernels._SOURCE
     broken = CpuAttentionKernels(build_library("attention_wrong_bf16_keys",

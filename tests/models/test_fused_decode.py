@@ -45,11 +45,11 @@ def _steps(rng: random.Random, rows: int):
 @pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4"),
                                                ("llama", "float"), ("qwen2", "float")])
 @pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1, Q8_GEMM_MIN_TOKENS + 1, FLOAT_GEMM_MIN_TOKENS + 1])
-def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, monkeypatch, model_type, mode, rows):
+def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, use_settings, model_type, mode, rows):
     """At rows where each weight kind takes its decode kernel, and its GEMM."""
     if rows == FLOAT_GEMM_MIN_TOKENS + 1 and mode != "float":
         pytest.skip("the quantized GEMMs already run at fewer rows")
-    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "c")  # float32 weights on the C kernels on any CPU
+    use_settings(float_linears="c")  # float32 weights on the C kernels on any CPU
     model_dir = tiny_model_factory(model_type)  # qwen2: q/k/v biases, which quant_apply adds
     fused, _ = load_model(model_dir, quantization=Quantization(mode))
     reference, _ = load_model(model_dir, quantization=Quantization(mode))
@@ -59,9 +59,9 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
     for chunks in _steps(random.Random(rows), rows):
         ids, positions, attn = batcher.step(chunks)
         got = fused(ids, positions, fused_kv, attn)
-        monkeypatch.setenv("TGI_LLM_FUSED_DECODE", "0")
+        use_settings(fused_decode=False)
         want = reference(ids, positions, reference_kv, attn)
-        monkeypatch.delenv("TGI_LLM_FUSED_DECODE")
+        use_settings(fused_decode=True)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         decode_steps += attn.is_pure_decode
     stack = fused._fused[1]
@@ -94,8 +94,8 @@ def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batche
     assert calls == [1]  # not asked again
 
 
-def test_onednn_packed_float_weights_keep_the_torch_layers(tiny_model_factory, paged_batcher, monkeypatch):
-    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")
+def test_onednn_packed_float_weights_keep_the_torch_layers(tiny_model_factory, paged_batcher, use_settings):
+    use_settings(float_linears="onednn")
     model, _ = load_model(tiny_model_factory("llama"))
     assert model.float_kernels is None
     kv = _caches(model)
@@ -118,7 +118,7 @@ def test_the_engine_uses_it_and_closing_frees_the_caches_it_holds(tiny_llama_dir
 
 
 def test_a_step_with_a_decode_after_a_prompt_chunk_keeps_the_torch_layers(tiny_model_factory, paged_batcher,
-                                                                          monkeypatch):
+                                                                          monkeypatch, use_settings):
     model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
     reference, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
     kv, reference_kv = _caches(model), _caches(reference)
@@ -133,6 +133,6 @@ def test_a_step_with_a_decode_after_a_prompt_chunk_keeps_the_torch_layers(tiny_m
     monkeypatch.setattr(FusedDecode, "_run", lambda self, *a: calls.append(1))
     ids, positions, attn = batcher.step([(2, [3, 4, 5]), (0, [12])])  # the decode comes second
     got = model(ids, positions, kv, attn)
-    monkeypatch.setenv("TGI_LLM_FUSED_DECODE", "0")
+    use_settings(fused_decode=False)
     want = reference(ids, positions, reference_kv, attn)
     assert calls == [] and torch.equal(got, want)  # the torch layers, exactly as with the stack off

@@ -96,9 +96,9 @@ VARIANTS = {
 
 
 @pytest.fixture(params=["c", "onednn"])
-def float_linears(request, monkeypatch):
+def float_linears(request, use_settings):
     """Both float32 linear paths: the C kernels (the default) and oneDNN (TGI_LLM_FLOAT_LINEARS=onednn)."""
-    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", request.param)
+    use_settings(float_linears=request.param)
     return request.param
 
 
@@ -259,8 +259,8 @@ def test_a_quantized_model_has_no_float_linears_to_place(tiny_model_factory, cap
 
 
 @pytest.mark.parametrize("quantize", ["float", "int8"])
-def test_weights_in_huge_pages_compute_what_ordinary_ones_do(tiny_model_factory, paged_batcher, monkeypatch, caplog,
-                                                             quantize):
+def test_weights_in_huge_pages_compute_what_ordinary_ones_do(tiny_model_factory, paged_batcher, monkeypatch,
+                                                             use_settings, caplog, quantize):
     """Every weight the kernels stream is copied into huge pages at load (the tiny model's are all below
     MIN_BYTES, so it is lowered): the same logits, bit for bit, as with TGI_LLM_HUGE_PAGES=0."""
     import logging
@@ -281,7 +281,7 @@ def test_weights_in_huge_pages_compute_what_ordinary_ones_do(tiny_model_factory,
     # quantized codes always move; float weights when the C kernels take them (oneDNN packs its own)
     expected = quantize == "int8" or quant_kernels() is not None
     assert any("weights in huge pages" in m for m in caplog.messages) == expected
-    monkeypatch.setenv("TGI_LLM_HUGE_PAGES", "0")
+    use_settings(huge_pages=False)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
         ordinary = logits()

@@ -48,13 +48,13 @@ def test_bfloat16_on_the_cpu_keeps_quantized_codes_with_bfloat16_products(tiny_l
         assert len(out.token_ids) == 6
 
 
-def test_quantized_weights_in_bfloat16_without_the_kernels_fail_at_start_up(tiny_llama_dir, monkeypatch):
-    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")  # no C kernels for float linears: torch's bfloat16
+def test_quantized_weights_in_bfloat16_without_the_kernels_fail_at_start_up(tiny_llama_dir, use_settings):
+    use_settings(float_linears="onednn")  # no C kernels for float linears: torch's bfloat16
     with pytest.raises(ValueError, match="float32 activations"):
         LLM(str(tiny_llama_dir), quantize="int4", dtype="bfloat16", kv_cache_memory_gb=0.01)
 
 
-def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serve(default_model_dir, monkeypatch):
+def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serve(default_model_dir, use_settings):
     """`--dtype bfloat16` with the default (GGUF) model on the CPU keeps its blocks (bfloat16 products from
     BF16_GEMM_MIN_TOKENS rows), except on AMX CPUs, whose tiles multiply bfloat16 weights in place; where no
     kernel serves it (a GPU, torch's linears) it starts on floats, not with an error."""
@@ -71,7 +71,7 @@ def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serv
         assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
         assert {m.weight.dtype for m in model.layers.modules() if isinstance(m, Linear)} == {torch.bfloat16}
         assert model.dtype == torch.float32
-    monkeypatch.setenv("TGI_LLM_FLOAT_LINEARS", "onednn")
+    use_settings(float_linears="onednn")
     model, _ = load_model(default_model_dir, dtype=torch.bfloat16)
     assert model.lm_head_quant is None and not any(isinstance(m, QuantLinear) for m in model.modules())
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}

@@ -274,21 +274,21 @@ def test_quant_linear_serves_without_the_kernel(monkeypatch, tokens):
     torch.testing.assert_close(fast(x), want, rtol=1e-5, atol=1e-4)
 
 
-def test_switched_off_by_environment(monkeypatch):
-    monkeypatch.setenv("TGI_LLM_QUANT_KERNELS", "0")
+def test_switched_off_by_environment(monkeypatch, use_settings):
+    use_settings(quant_kernels=False)
     monkeypatch.setattr(kernels_mod, "_kernels", None)
     monkeypatch.setattr(kernels_mod, "_tried", False)
     assert kernels_mod.quant_kernels() is None
 
 
-def test_a_failed_build_means_the_torch_path(monkeypatch, caplog):
+def test_a_failed_build_means_the_torch_path(monkeypatch, use_settings, caplog):
     def broken(*_a, **_k):
         raise NativeBuildError("no compiler here")
 
     monkeypatch.setattr(kernels_mod, "build_library", broken)
     monkeypatch.setattr(kernels_mod, "_kernels", None)
     monkeypatch.setattr(kernels_mod, "_tried", False)
-    monkeypatch.delenv("TGI_LLM_QUANT_KERNELS", raising=False)
+    use_settings(quant_kernels=True)
     assert kernels_mod.quant_kernels() is None
     assert "no compiler here" in caplog.text
 

@@ -168,8 +168,8 @@ def test_rows_below_the_threshold_keep_the_avx_gemm(layout, rows):
     assert torch.equal(gemm(desc, x), tiles)
 
 
-def test_switched_off_by_environment(monkeypatch):
-    monkeypatch.setenv("TGI_LLM_AMX", "0")
+def test_switched_off_by_environment(monkeypatch, use_settings):
+    use_settings(amx=False)
     monkeypatch.setattr(kernels_mod, "_kernels", None)
     monkeypatch.setattr(kernels_mod, "_tried", False)
     try:

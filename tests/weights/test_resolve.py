@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import tgi_llm.weights.resolve as resolve_mod
@@ -41,11 +39,9 @@ def test_hub_ids_go_to_the_hub(monkeypatch, tmp_path):
     assert calls == ["org/model"]
 
 
-def test_cache_dir_follows_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv("TGI_LLM_CACHE", str(tmp_path))
+def test_cache_dir_follows_the_settings(use_settings, tmp_path):
+    use_settings(cache=tmp_path)
     assert default_cache_dir() == tmp_path
-    monkeypatch.delenv("TGI_LLM_CACHE")
-    assert default_cache_dir() == Path.home() / ".cache" / "tgi_llm"
 
 
 def test_default_model_gguf_is_found_without_importing_its_package():

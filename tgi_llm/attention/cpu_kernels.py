@@ -37,6 +37,7 @@ import torch
 from tgi_llm.native_amx import AMX_C
 from tgi_llm.native_build import build_library
 from tgi_llm.native_vectors import VECTORS_C
+from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
 
@@ -861,7 +862,7 @@ class CpuAttentionKernels:
         self._prefill_bf16 = None
         self.bf16_prefill_address: int | None = None
         #: Whether bfloat16 prefill runs on AMX tiles (the CPU has them, TGI_LLM_AMX is not 0).
-        self.amx = bool(lib.has_amx_prefill()) and os.environ.get("TGI_LLM_AMX", "1") != "0"
+        self.amx = bool(lib.has_amx_prefill()) and settings().amx
         lib.set_amx_prefill(int(self.amx))
         if lib.has_bf16_prefill():
             self._prefill_bf16 = lib.paged_prefill_amx if self.amx else lib.paged_prefill_bf16
@@ -1022,7 +1023,7 @@ def _choose_prefill(kernels: CpuAttentionKernels) -> str:
     """Time the kernel against SDPA on a 1024-token prompt (8 query heads over 2 KV heads of 64; the gap
     grows with length, and long prompts are where prefill time matters), alternated, best of 2 after a
     warm-up (~0.5 s), and keep the faster for prompt chunks. Returns the reason, for the log."""
-    forced = os.environ.get("TGI_LLM_CPU_PREFILL", "auto")
+    forced = settings().cpu_prefill
     if forced in ("kernel", "torch"):
         kernels.prefill_wins = forced == "kernel"
         return f"forced by TGI_LLM_CPU_PREFILL={forced}"
@@ -1062,7 +1063,7 @@ def cpu_attention_kernels() -> CpuAttentionKernels | None:
         return _kernels
     with _lock:
         if not _tried:
-            if os.environ.get("TGI_LLM_CPU_KERNELS", "1") == "0":
+            if not settings().cpu_kernels:
                 logger.info("CPU attention: torch path (C kernels switched off by TGI_LLM_CPU_KERNELS=0)")
             else:
                 try:

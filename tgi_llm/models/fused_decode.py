@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from tgi_llm.native_build import BASE_FLAGS, build_library
 from tgi_llm.native_vectors import VECTORS_C
 from tgi_llm.quant.kernels import QW_BF16_PANEL, quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
+from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ def _on_kernels(linear) -> bool:
 
 def _why_not(model, kv_caches) -> str | None:
     """Why this model can't run the fused stack (None: it can)."""
-    if os.environ.get("TGI_LLM_FUSED_DECODE", "1") == "0":
+    if not settings().fused_decode:
         return "switched off by TGI_LLM_FUSED_DECODE=0"
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.shard.world_size != 1:
         return "needs one float32 CPU shard"

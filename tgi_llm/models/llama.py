@@ -11,7 +11,6 @@ head's logits), which are plain local ops with one shard.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -39,6 +38,7 @@ from tgi_llm.quant.formats import (
 from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
 from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
+from tgi_llm.settings import settings
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
 logger = logging.getLogger(__name__)
@@ -87,8 +87,7 @@ def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
     for all linears of SmolLM2-135M at one row, 25.5 against 30.1 at 16, equal from 128). Without AVX-512
     the plain-order kernels already streamed weights 1.2-1.3x faster than oneDNN at 1-4 rows (Zen 3). And
     they let the fused decode stack take float models. TGI_LLM_FLOAT_LINEARS=onednn keeps oneDNN."""
-    choice = os.environ.get("TGI_LLM_FLOAT_LINEARS", "auto")
-    if dtype != torch.float32 or choice == "onednn":
+    if dtype != torch.float32 or settings().float_linears == "onednn":
         return None
     return quant_kernels()
 

@@ -41,6 +41,7 @@ from tgi_llm.native_amx import AMX_C
 from tgi_llm.native_build import build_library
 from tgi_llm.native_vectors import VECTORS_C
 from tgi_llm.quant.formats import QuantizedWeight, to_bf16_panels, to_panels
+from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
 
@@ -1590,7 +1591,7 @@ class QuantKernels:
         self.rows_per_pass = int(lib.panel_rows_per_pass())
         #: Whether the panel GEMMs run on AMX tiles from AMX_MIN_ROWS rows: the CPU has AMX-BF16, the kernel
         #: grants the tile state, and TGI_LLM_AMX is not 0 (quant_kernels turns it off if its check fails).
-        self.amx = bool(lib.amx_usable()) and os.environ.get("TGI_LLM_AMX", "1") != "0"
+        self.amx = bool(lib.amx_usable()) and settings().amx
         self.set_amx_min_rows(AMX_MIN_ROWS if self.amx else 0)
 
     def set_amx_min_rows(self, rows: int) -> None:
@@ -1698,7 +1699,7 @@ def quant_kernels() -> QuantKernels | None:
         return _kernels
     with _lock:
         if not _tried:
-            if os.environ.get("TGI_LLM_QUANT_KERNELS", "1") == "0":
+            if not settings().quant_kernels:
                 logger.info("quantized linears: torch path (C kernels switched off by TGI_LLM_QUANT_KERNELS=0)")
             else:
                 try:

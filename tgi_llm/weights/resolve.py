@@ -10,6 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from tgi_llm.settings import settings
 from tgi_llm.weights.gguf_marker import MARKER_FILE
 
 logger = logging.getLogger(__name__)
@@ -32,8 +33,7 @@ HUB_ALLOW_PATTERNS = [
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("TGI_LLM_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "tgi_llm"
+    return settings().cache
 
 
 def default_gguf_path() -> Path:
