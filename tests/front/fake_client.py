@@ -21,8 +21,9 @@ def word(i: int) -> str:
 class FakeTritonClient:
     """Generates " w0 w1 ..." (ids 100, 101, ...), one response per token, the final on the last token.
 
-    Prompts steer it: "overload" -> overloaded, "boom" -> generation error after two tokens, "eos" -> stops
-    with eos_token after three tokens, "slow" anywhere -> waits on `release` before each token after the first.
+    Prompts steer it: "overload" -> overloaded, "crash" -> RuntimeError (a bug), "boom" -> generation error
+    after two tokens, "eos" -> stops with eos_token after three tokens, "slow" anywhere -> waits on `release`
+    before each token after the first.
     A non-positive temperature is rejected with the engine's message.
     """
 
@@ -43,6 +44,8 @@ class FakeTritonClient:
                 raise FrontError("`temperature` must be strictly positive", "validation")
             if spec.inputs == "overload":
                 raise FrontError("Model is overloaded", "overloaded")
+            if spec.inputs == "crash":  # a bug: what no handler expects
+                raise RuntimeError("unexpected\nsecond line")
             n = params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
             reason = "length"
             if spec.inputs == "eos":

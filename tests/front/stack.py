@@ -55,6 +55,7 @@ class Stack:
     metrics: str
     front: str
     launcher_pid: int = 0
+    log: Path | None = None  # the launcher's output, the front's log lines included
 
     def tritonserver_pid(self) -> int | None:
         from tgi_llm.procfs import children, cmdline
@@ -99,6 +100,6 @@ def launch_stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(url + "/health").status_code == 200, launcher, "tgi-llm-launcher", log)
         yield Stack(f"http://127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}/metrics", url,
-                    launcher.pid)
+                    launcher.pid, log)
     finally:
         stop(launcher)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from tgi_llm.front.errors import from_triton
@@ -35,3 +37,18 @@ def test_classification(message: str, status: str | None, error_type: str, code:
     err = from_triton(message, status)
     assert (err.error_type, err.status) == (error_type, code)
     assert not err.message.startswith("[request id") and "[tgi_llm" not in err.message
+
+
+def test_an_unexpected_exception_is_a_json_500_and_one_log_line(client, caplog) -> None:
+    """TestClient re-raises what escapes the app: before the catch-all, the RuntimeError reached this test
+    (and uvicorn logged its traceback)."""
+    with caplog.at_level(logging.ERROR):
+        r = client.post("/generate", json={"inputs": "crash"})
+        assert (r.status_code, r.json()) == (500, {"error": "Internal server error (RuntimeError)",
+                                                   "error_type": "internal"})
+        r = client.post("/v1/completions", json={"prompt": "crash"})
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    records = [rec for rec in caplog.records if rec.name == "tgi_llm.front"]
+    assert [rec.getMessage() for rec in records] == [
+        f"POST {route} failed: RuntimeError: 'unexpected\\nsecond line'" for route in ("/generate", "/v1/completions")]
+    assert all(rec.exc_info is None for rec in records)  # one line, no traceback

@@ -153,3 +153,42 @@ def test_token_id_prompts_and_max_tokens_zero(client: TestClient, fake: FakeTrit
     r = client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 1})
     assert fake.specs[-1].inputs == [1, 2]
     assert client.post("/v1/completions", json={"prompt": [[]]}).status_code == 400
+
+
+def test_completions_best_of_draws_candidates_and_keeps_the_best_n(client: TestClient, fake: FakeTritonClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": ["a", "b"], "n": 2, "best_of": 3, "max_tokens": 2, "seed": 4})
+    assert r.status_code == 200 and [c["index"] for c in r.json()["choices"]] == [0, 1, 2, 3]
+    assert [s.parameters["seed"] for s in fake.specs] == [4, 5, 6] * 2  # three candidates per prompt
+    assert r.json()["usage"]["completion_tokens"] == 12  # all of them, as OpenAI bills best_of
+    r = client.post("/v1/completions", json={"prompt": "a", "n": 3, "best_of": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "best_of"
+
+
+def test_tool_choice_demanding_a_call_needs_tools(client: TestClient, fake: FakeTritonClient) -> None:
+    for choice in ("required", "any", {"type": "function", "function": {"name": "f"}}):
+        r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "tool_choice": choice, "tools": []})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert fake.specs == []
+    assert client.post("/v1/chat/completions", json={"messages": MESSAGES, "tool_choice": "auto"}).status_code == 200
+
+
+@pytest.mark.parametrize("extra,field", [
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages.0.content"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function", "function": "f"}},
+     "`tool_choice.function.name`"),
+])
+def test_hostile_shapes_are_400_naming_the_field(client: TestClient, extra: dict, field: str) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES} | extra)
+    assert r.status_code == 400 and field in r.json()["error"]["message"], r.text  # was a 500 (TypeError...)
+
+
+def test_an_earlier_tool_call_of_any_shape_renders(client: TestClient) -> None:
+    earlier = {"role": "assistant", "content": None, "tool_calls": [{"function": "x"}, "y"]}
+    assert client.post("/v1/chat/completions", json={"messages": [*MESSAGES, earlier]}).status_code == 200
+
+
+@pytest.mark.parametrize("prompt", [[True], [1.0, 2], [[3, False]]])
+def test_booleans_and_floats_are_no_token_ids(client: TestClient, fake: FakeTritonClient, prompt) -> None:
+    r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
+    assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], r.text
+    assert fake.specs == []

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tgi_llm.front import openai_routes, tgi_routes
 from tgi_llm.front.config import FrontConfig
-from tgi_llm.front.errors import FrontError
+from tgi_llm.front.errors import FrontError, UnhandledErrors
 from tgi_llm.front.protocol import TritonGenerateClient
 from tgi_llm.front.state import FrontState
 from tgi_llm.gateway.api_key import ApiKey
@@ -55,6 +55,7 @@ def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
+        state.workers.shutdown(wait=False, cancel_futures=True)
         await client.close()
 
     app = FastAPI(title="tgi-llm", version=config.version, lifespan=lifespan, docs_url="/docs", redoc_url=None)
@@ -75,6 +76,7 @@ def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any
     guarded.include_router(openai_routes.build_router(state))
     app.include_router(_public_router(state))
     app.include_router(guarded)
+    app.add_middleware(UnhandledErrors)
     # Outermost: a body over --payload-limit is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=config.payload_limit, too_large=_too_large)
     return app

@@ -37,6 +37,10 @@ class Generation:
             self.seed = chunk.seed
             self.prefill = list(chunk.prefill) or self.prefill
 
+    def total_logprob(self) -> float:
+        """What best_of ranks sequences by (TGI's choice)."""
+        return sum(t.logprob or 0.0 for t in self.tokens)
+
     @classmethod
     async def collect(cls, chunks: AsyncIterator[Chunk]) -> Generation:
         gen = cls()

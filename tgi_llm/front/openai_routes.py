@@ -40,12 +40,14 @@ from tgi_llm.front.schemas import (
     Usage,
 )
 from tgi_llm.front.sse import DONE, SSEResponse, error_event, event, until_disconnect
-from tgi_llm.front.state import FrontState, parse_body
+from tgi_llm.front.state import FrontState
 from tgi_llm.front.tgi_routes import peek
 from tgi_llm.front.tools import ToolCallStream, ToolPlan, call_id, parse_answer, plan_tools, tool_prompt
 
 #: Choices per request (OpenAI's `n`): each is its own generation; identical prompts share their KV blocks.
 MAX_N = 8
+#: Token ids a prompt may hold when the front has no tokenizer to know the vocabulary (the engine checks them).
+MAX_TOKEN_ID = 2**31
 
 
 def _choices(req: SamplingRequest) -> int:
@@ -53,6 +55,16 @@ def _choices(req: SamplingRequest) -> int:
     if not 1 <= n <= MAX_N:
         raise validation(f"`n` must be >= 1 and <= {MAX_N}. Given: {n}")
     return n
+
+
+def _best_of(req: CompletionRequest, n: int) -> int:
+    """Candidates per prompt (OpenAI's completions `best_of`): at least `n`, of which the best `n` are returned."""
+    best_of = n if req.best_of is None else req.best_of
+    if not n <= best_of <= MAX_N:
+        raise validation(f"`best_of` must be >= `n` ({n}) and <= {MAX_N}. Given: {best_of}")
+    if req.stream and best_of != n:
+        raise validation("`best_of` != `n` is not supported when streaming")
+    return best_of
 
 
 def _choice_params(params: dict, n: int, k: int) -> dict:
@@ -104,7 +116,8 @@ def build_router(state: FrontState) -> APIRouter:
         if req.top_logprobs is not None and not req.logprobs:
             raise validation("`top_logprobs` requires `logprobs` == true")
         tool_text = tool_prompt(tools, req.tool_prompt) if tools is not None else None
-        prompt = render_chat(state.tokenizer, req.messages, req.tools if tools is not None else None, tool_text)
+        prompt = render_chat(state.tokenizer, req.messages, req.tools if tools is not None else None, tool_text,
+                             state.check_length)
         params = req.to_engine() | {"details": True}
         if tools is not None or grammar is not None:
             params["grammar"] = tools.grammar if tools is not None else grammar
@@ -112,9 +125,9 @@ def build_router(state: FrontState) -> APIRouter:
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        req = await parse_body(request, ChatRequest)
+        req = await state.parse(request, ChatRequest)
         n = _choices(req)
-        spec, tools = chat_spec(req)
+        spec, tools = await state.off_loop(chat_spec, req)  # grammars and the chat template: CPU work
         stamp = _Stamp(state, "chatcmpl")
         streams = [state.client.stream(GenerateSpec(spec.inputs, _choice_params(spec.parameters, n, k), spec.stream),
                                        state.new_request_id()) for k in range(n)]
@@ -209,15 +222,25 @@ def build_router(state: FrontState) -> APIRouter:
         limit = state.config.limits.max_client_batch_size
         if len(prompts) > limit:
             raise validation(f"Number of prompts exceeds the maximum allowed batch size of {limit}")
+        vocab = len(state.tokenizer) if state.tokenizer is not None else MAX_TOKEN_ID
+        for prompt in prompts:
+            bad = next((t for t in prompt if not 0 <= t < vocab), None) if not isinstance(prompt, str) else None
+            if bad is not None:  # refused here: ids past int64 cannot even be encoded for Triton
+                raise validation(f"`prompt` token ids must be integers in [0, {vocab}). Given: {bad}")
         return prompts
 
-    def prompt_text(prompt: str | list[int]) -> str:
-        return prompt if isinstance(prompt, str) else state.tokenizer.decode(prompt, skip_special_tokens=False)
+    def echo_texts(prompts: list[str | list[int]], n: int) -> list[str]:
+        """What `echo` puts before each choice's text: its prompt, token ids decoded."""
+        if state.tokenizer is None and not all(isinstance(p, str) for p in prompts):
+            raise FrontError("No fast tokenizer or tokenizer.json for this model", "no fast tokenizer")
+        texts = [p if isinstance(p, str) else state.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+        return [t for t in texts for _ in range(n)]
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        req = await parse_body(request, CompletionRequest)
+        req = await state.parse(request, CompletionRequest)
         n = _choices(req)
+        best_of = _best_of(req, n)
         prompts = completion_prompts(req)
         if req.suffix:
             raise validation("`suffix` is not supported")
@@ -234,29 +257,33 @@ def build_router(state: FrontState) -> APIRouter:
             if req.stream:
                 raise validation("`echo` with `logprobs` is not supported when streaming")
             params["decoder_input_details"] = True
-        streams = [state.client.stream(state.spec(p, _choice_params(params, n, k), req.stream),
-                                       state.new_request_id()) for p in prompts for k in range(n)]
+        texts = await state.off_loop(echo_texts, prompts, n) if req.echo else [""] * (len(prompts) * n)
+        streams = [state.client.stream(state.spec(p, _choice_params(params, best_of, k), req.stream),
+                                       state.new_request_id()) for p in prompts for k in range(best_of)]
         stamp = _Stamp(state, "cmpl")
-        texts = [prompt_text(p) for p in prompts for _ in range(n)]
         if req.stream:
             merged = merge_streams(streams)
             first = await peek(merged)
             return SSEResponse(completion_events(req, texts, stamp, first, merged))
         gens = await until_disconnect(request, asyncio.gather(*(Generation.collect(s) for s in streams)))
+        kept: list[Generation] = []  # best_of: each prompt's n candidates of highest total logprob, best first
+        for i in range(0, len(gens), best_of):
+            group = gens[i:i + best_of]
+            kept += sorted(group, key=Generation.total_logprob, reverse=True)[:n] if best_of > n else group
         choices = []
-        for i, g in enumerate(gens):
+        for i, g in enumerate(kept):
             tokens, tops, text = (g.tokens, g.top_tokens, g.text) if not nothing_new else ([], [], "")
-            echo = texts[i] if req.echo else ""
             logprobs = None
             if req.logprobs is not None:
                 logprobs = completion_logprobs(g.prefill if req.echo else [], tokens, tops)
-            choices.append(CompletionChoice(index=i, text=echo + text, logprobs=logprobs,
+            choices.append(CompletionChoice(index=i, text=texts[i] + text, logprobs=logprobs,
                                             finish_reason="length" if nothing_new
                                             else openai_finish_reason(g.finish_reason)))
+        # Every candidate's tokens count, as OpenAI bills best_of.
         body = Completion(**stamp.fields, choices=choices,
-                          usage=_usage(sum(g.input_tokens for g in gens[::n]),
+                          usage=_usage(sum(g.input_tokens for g in gens[::best_of]),
                                        0 if nothing_new else sum(g.generated_tokens for g in gens),
-                                       sum(g.cached_tokens for g in gens[::n])))
+                                       sum(g.cached_tokens for g in gens[::best_of])))
         return JSONResponse(body.model_dump())
 
     async def completion_events(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 # ---------------------------------------------------------------- TGI
 
@@ -138,18 +138,27 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class ContentPart(BaseModel):
+    """One part of a message's content: text parts reach the template, others (images...) are left out."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = "text"
+    text: str = ""
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: str
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
 
     def for_template(self) -> dict[str, Any]:
         """Plain {role, content} with content parts joined: chat templates expect a string."""
         content = self.content
         if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if part.get("type", "text") == "text")
+            content = "".join(part.text for part in content if part.type == "text")
         calls = getattr(self, "tool_calls", None)
         if not content and isinstance(calls, list) and calls:
             content = _calls_as_text(calls)  # an earlier tool call, in the shape the model was asked for
@@ -164,7 +173,8 @@ def _calls_as_text(calls: list[Any]) -> str:
 
     parts = []
     for call in calls:
-        fn = call.get("function", {}) if isinstance(call, dict) else {}
+        fn = call.get("function") if isinstance(call, dict) else None
+        fn = fn if isinstance(fn, dict) else {}
         try:
             arguments = json.loads(fn.get("arguments") or "{}")
         except (TypeError, json.JSONDecodeError):
@@ -233,11 +243,13 @@ class ChatRequest(SamplingRequest):
 
 
 class CompletionRequest(SamplingRequest):
-    #: Text, texts, token ids, or lists of token ids (lm-eval's tokenized requests).
-    prompt: str | list[str] | list[int] | list[list[int]]
+    #: Text, texts, token ids, or lists of token ids (lm-eval's tokenized requests). Strict: `true` or `1.0` is
+    #: no token id.
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     echo: bool = False
     logprobs: int | None = None
     suffix: str | None = None
+    best_of: int | None = None
 
 
 class PromptTokensDetails(BaseModel):

@@ -1,17 +1,23 @@
-"""What every route needs: the config, the Triton client, the tokenizer; and TGI-style body parsing."""
+"""What every route needs: the config, the Triton client, the tokenizer, a pool for CPU work; and TGI-style
+body parsing."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
+from tgi_llm.engine.validation import longest_token_chars
 from tgi_llm.front.config import FrontConfig
-from tgi_llm.front.errors import FrontError
+from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.protocol import GenerateSpec, TritonGenerateClient
 from tgi_llm.gateway.body import BadJson, load_json
 
@@ -19,6 +25,7 @@ from tgi_llm.gateway.body import BadJson, load_json
 MAX_JSON_DEPTH = 64
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 @dataclass
@@ -26,10 +33,37 @@ class FrontState:
     config: FrontConfig
     client: TritonGenerateClient
     tokenizer: Any = None
+    #: Parsing, chat templates, grammars and tokenizing run here, off the event loop that answers /health:
+    #: as many threads as TGI's --validation-workers (its tokenizer workers).
+    workers: ThreadPoolExecutor = field(init=False)
+    max_token_chars: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.workers = ThreadPoolExecutor(max(1, self.config.limits.validation_workers), "front-cpu")
+        self.max_token_chars = longest_token_chars(self.tokenizer) if self.tokenizer is not None else None
 
     @staticmethod
     def new_request_id() -> str:
         return uuid.uuid4().hex
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` in a worker thread. The tokenizer's Rust releases the GIL; Python code (jinja templates)
+        hands it back to the loop every switch interval (5 ms); one C call that keeps it (json.loads, pydantic's
+        validation: ~0.25 s each for a 2 MB body of 60,000 messages) still delays the loop that long."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, functools.partial(fn, *args))
+
+    async def parse(self, request: Request, model: type[M]) -> M:
+        """The body as `model` (a 2 MB body takes ~0.5 s to parse and validate: in a worker)."""
+        return await self.off_loop(parse_body, await request.body(), model)
+
+    def check_length(self, name: str, chars: int, what: str = "characters") -> None:
+        """Refuse text too long to be a prompt before anything tokenizes or renders it: more characters than
+        max_input_tokens tokens of the vocabulary's longest entry can hold (the engine's own bound)."""
+        limit = self.config.limits.max_input_tokens
+        if limit is None or self.max_token_chars is None or chars <= limit * self.max_token_chars:
+            return
+        raise validation(f"`{name}` must have less than {limit} tokens. Given: {chars} {what}, more than "
+                         f"{limit} tokens of at most {self.max_token_chars} characters each can hold")
 
     def spec(self, inputs: str | list[int], parameters: dict[str, Any], stream: bool) -> GenerateSpec:
         """A request for Triton, its `stop` list bounded here (as TGI's validation words it) so an oversized
@@ -41,9 +75,9 @@ class FrontState:
         return GenerateSpec(inputs=inputs, parameters=parameters, stream=stream)
 
 
-async def parse_body(request: Request, model: type[M]) -> M:
-    """JSON whatever the Content-Type (curl -d sends a form type), with axum-style messages on failure."""
-    raw = await request.body()
+def parse_body(raw: bytes, model: type[M]) -> M:
+    """JSON whatever the Content-Type (curl -d sends a form type), with axum-style messages on failure;
+    load_json refuses what UTF-8 and TGI's parser cannot take (lone surrogates, NaN), naming where."""
     try:
         data = load_json(raw or b"null", MAX_JSON_DEPTH)
     except BadJson as exc:

@@ -22,7 +22,7 @@ from tgi_llm.front.schemas import (
     Token,
 )
 from tgi_llm.front.sse import SSEResponse, until_disconnect
-from tgi_llm.front.state import FrontState, parse_body
+from tgi_llm.front.state import FrontState
 from tgi_llm.front.tgi_stream import tgi_events
 from tgi_llm.front.tokenizer import tokenize
 
@@ -102,6 +102,11 @@ async def peek(chunks: AsyncIterator[Chunk]) -> Chunk:
         raise
 
 
+def _tokenize(state: FrontState, text: str) -> Response:
+    """/tokenize's answer, JSON encoding included (a worker's job: ~40k tokens under the length bound)."""
+    return JSONResponse([t.model_dump() for t in tokenize(state.tokenizer, text)])
+
+
 def build_router(state: FrontState) -> APIRouter:
     router = APIRouter()
 
@@ -112,7 +117,7 @@ def build_router(state: FrontState) -> APIRouter:
         streams = [state.client.stream(spec, state.new_request_id()) for _ in range(n)]
         gens = await until_disconnect(request, asyncio.gather(*(Generation.collect(s) for s in streams)))
         # TGI's choice: the sequence with the highest total logprob (each drew with its own random seed).
-        ranked = sorted(gens, key=lambda g: sum(t.logprob or 0.0 for t in g.tokens), reverse=True)
+        ranked = sorted(gens, key=Generation.total_logprob, reverse=True)
         gen = ranked[0]
         headers = {
             "x-compute-type": "tgi-llm",
@@ -130,16 +135,16 @@ def build_router(state: FrontState) -> APIRouter:
 
     @router.post("/generate")
     async def generate_route(request: Request) -> Response:
-        resp, headers = await generate(request, await parse_body(request, GenerateRequest))
+        resp, headers = await generate(request, await state.parse(request, GenerateRequest))
         return JSONResponse(resp.to_json(), headers=headers)
 
     @router.post("/generate_stream")
     async def generate_stream_route(request: Request) -> Response:
-        return await generate_stream(await parse_body(request, GenerateRequest))
+        return await generate_stream(await state.parse(request, GenerateRequest))
 
     @router.post("/")
     async def compat_generate(request: Request) -> Response:
-        req = await parse_body(request, CompatGenerateRequest)
+        req = await state.parse(request, CompatGenerateRequest)
         if req.stream:
             return await generate_stream(req)
         resp, headers = await generate(request, req)
@@ -147,7 +152,8 @@ def build_router(state: FrontState) -> APIRouter:
 
     @router.post("/tokenize")
     async def tokenize_route(request: Request) -> Response:
-        req = await parse_body(request, GenerateRequest)
-        return JSONResponse([t.model_dump() for t in tokenize(state.tokenizer, req.inputs)])
+        req = await state.parse(request, GenerateRequest)
+        state.check_length("inputs", len(req.inputs))
+        return await state.off_loop(_tokenize, state, req.inputs)
 
     return router

@@ -47,8 +47,10 @@ class ToolPlan:
 
 def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolPlan | None:
     """None when no tool may be called (no tools, or tool_choice "none")."""
-    if not tools or tool_choice == "none":
+    if tool_choice == "none" or (not tools and tool_choice in (None, "auto")):
         return None
+    if not tools:  # as OpenAI and vLLM: a call demanded of no tools is refused, not served as plain text
+        raise validation("`tool_choice` other than \"none\" or \"auto\" requires `tools`")
     functions = [_function(i, t) for i, t in enumerate(tools)]
     names = [f.name for f in functions]
     if len(set(names)) != len(names):
@@ -58,7 +60,8 @@ def plan_tools(tools: list[dict[str, Any]] | None, tool_choice: Any) -> ToolPlan
     elif tool_choice == "required":
         chosen = functions
     elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        wanted = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        wanted = function.get("name") if isinstance(function, dict) else None
         chosen = [f for f in functions if f.name == wanted]
         if not chosen:
             raise validation(f"`tool_choice.function.name` {wanted!r:.80} is not one of the tools: {', '.join(names)}")
