@@ -15,6 +15,7 @@ from tgi_llm.gateway.generate_body import BadBody, check_generate_body
         {"text_input": "hi", "stop": "x"},
         {"text_input": "hi", "stop": ["a", "b"], "seed": 2**64 - 1},
         {"text_input": "hi", "max_new_tokens": 3, "details": True, "watermark": False, "adapter_id": "x"},
+        {"input_ids": [0, 1, 2**63 - 1], "max_tokens": 3},
     ],
 )
 def test_bodies_triton_can_convert_pass(body):
@@ -38,6 +39,10 @@ def test_bodies_triton_can_convert_pass(body):
         ({"text_input": "hi", "foo": {"a": 1}}, "`foo` is not an input of this model"),
         ({"text_input": "hi", "best_of": 1.5}, "`best_of` is not an input of this model"),
         ({"text_input": "hi", "n": 2**63}, "`n` must be >= "),
+        # Triton answered these 500 ("attempt to access JSON non-signed-integer as signed-integer").
+        ({"input_ids": [1, 2**64]}, "`input_ids` must be >= -9223372036854775808 and <= 9223372036854775807"),
+        ({"input_ids": [1, -1]}, "`input_ids` must hold token ids >= 0. Given: -1"),
+        ({"input_ids": [1, "2"]}, "`input_ids` must be an integer"),
     ],
 )
 def test_wrong_types_name_the_field(body, message):

@@ -10,10 +10,10 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2
 from tritonclient.grpc._utils import _get_inference_request
 
-from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse
+from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse, widen_int32
 
-_DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.bool_): "BOOL",
-              np.dtype(np.object_): "BYTES"}
+_DATATYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int32): "INT32", np.dtype(np.int64): "INT64",
+              np.dtype(np.bool_): "BOOL", np.dtype(np.object_): "BYTES"}
 
 
 def request(outputs: tuple[str, ...] = (), **tensors: np.ndarray) -> service_pb2.ModelInferRequest:
@@ -61,7 +61,7 @@ def test_unknown_input_or_output_missing_prompt_and_shared_memory_are_refused():
     no_prompt = request()
     del no_prompt.inputs[0]
     del no_prompt.raw_input_contents[0]
-    with pytest.raises(BadRequest, match="`text_input` is required"):
+    with pytest.raises(BadRequest, match="`text_input` \\(or `input_ids`\\) is required"):
         check_request(no_prompt)
     shm = request()
     shm.inputs[0].parameters["shared_memory_region"].string_param = "x"
@@ -91,3 +91,50 @@ def test_garbage_is_not_a_request_and_errors_read_as_tritons():
         parse(b"\xff\xff\xff")
     reply = service_pb2.ModelStreamInferResponse.FromString(error_response("`top_k` must be INT32", "r1"))
     assert reply.error_message == "[request id: r1] `top_k` must be INT32"
+
+
+def _token_ids(values: list[int], datatype: str) -> service_pb2.ModelInferRequest:
+    """A token-id prompt in typed contents (`request` gives raw ones)."""
+    typed = service_pb2.ModelInferRequest(model_name="tgi_llm")
+    tensor = typed.inputs.add(name="input_ids", datatype=datatype, shape=[len(values)])
+    getattr(tensor.contents, {"INT32": "int_contents", "INT64": "int64_contents"}[datatype]).extend(values)
+    return typed
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_token_ids_are_a_prompt_and_int32_ones_are_widened_in_raw_contents(dtype):
+    req = request(input_ids=np.array([1, 2, 49151], dtype=dtype))
+    del req.inputs[0]  # no text_input: the token ids are the prompt
+    del req.raw_input_contents[0]
+    check_request(req)
+    assert widen_int32(req) == (dtype == np.int32)
+    assert req.inputs[0].datatype == "INT64"
+    assert np.frombuffer(req.raw_input_contents[0], "<i8").tolist() == [1, 2, 49151]
+    check_request(parse(req.SerializeToString()))
+
+
+def test_int32_token_ids_are_widened_in_typed_contents():
+    req = _token_ids([5, 6], "INT32")
+    check_request(req)
+    assert widen_int32(req)
+    assert req.inputs[0].datatype == "INT64"
+    assert list(req.inputs[0].contents.int64_contents) == [5, 6] and not req.inputs[0].contents.int_contents
+    check_request(req)
+
+
+@pytest.mark.parametrize("datatype", ["INT64", "INT32"])
+def test_negative_token_ids_are_refused_naming_input_ids(datatype):
+    with pytest.raises(BadRequest, match="`input_ids` must hold token ids >= 0. Given: -3"):
+        check_request(_token_ids([1, -3], datatype))
+    raw = request(input_ids=np.array([-3], dtype={"INT64": np.int64, "INT32": np.int32}[datatype]))
+    with pytest.raises(BadRequest, match="`input_ids` must hold token ids >= 0. Given: -3"):
+        check_request(raw)
+
+
+def test_other_token_id_datatypes_and_int32_for_int32_inputs_stay_refused():
+    with pytest.raises(BadRequest, match="`input_ids` must be INT64 \\(or INT32\\). Given: FP32"):
+        check_request(request(input_ids=np.array([1.0], dtype=np.float32)))
+    with pytest.raises(BadRequest, match="`max_tokens` must be INT32. Given: INT64"):
+        check_request(request(max_tokens=np.array([4], dtype=np.int64)))
+    req = request(max_tokens=np.array([4], dtype=np.int32))
+    assert not widen_int32(req)

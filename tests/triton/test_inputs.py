@@ -24,6 +24,13 @@ def test_prompt_and_defaults():
     assert parsed.stream is False
 
 
+def test_token_ids_are_the_prompt_and_exclude_text():
+    parsed = parse_request(tensors(input_ids=np.array([5, 6, 7], dtype=np.int64)), "")
+    assert parsed.inputs == [5, 6, 7]
+    with pytest.raises(ValidationError, match="`text_input` and `input_ids` are two forms of the prompt"):
+        parse_request(tensors(text_input=text("Hello"), input_ids=np.array([5], dtype=np.int64)), "")
+
+
 def test_tensor_names_become_tgi_parameters_with_python_types():
     parsed = parse_request(tensors(
         text_input=text("Hi"),

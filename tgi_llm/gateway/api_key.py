@@ -12,6 +12,8 @@ import hmac
 import os
 from dataclasses import dataclass
 
+#: Triton's restricted-API check on gRPC reads `triton-grpc-protocol-<header>`: the key goes upstream as this.
+TRITON_GRPC_AUTHORIZATION = "triton-grpc-protocol-authorization"
 UNAUTHORIZED = "Unauthorized: send the API key as `Authorization: Bearer <key>` (--api-key)"
 
 

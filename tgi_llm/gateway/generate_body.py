@@ -11,12 +11,18 @@ from typing import Any
 
 from tgi_llm.launcher.repository import INPUTS
 
-_INT_RANGES = {"TYPE_INT32": (-(2**31), 2**31 - 1), "TYPE_UINT64": (0, 2**64 - 1)}
 _INT64 = (-(2**63), 2**63 - 1)
+_INT_RANGES = {"TYPE_INT32": (-(2**31), 2**31 - 1), "TYPE_INT64": _INT64, "TYPE_UINT64": (0, 2**64 - 1)}
+#: Inputs that hold token ids: never negative (the engine checks the vocabulary's bound, which it knows).
+TOKEN_IDS = frozenset({"input_ids"})
 
 
 class BadBody(ValueError):
     """The message names the field."""
+
+
+def negative_token_id(name: str, value: int) -> str:
+    return f"`{name}` must hold token ids >= 0. Given: {value}"
 
 
 def _is_int(value: Any) -> bool:
@@ -36,6 +42,8 @@ def _check_scalar(name: str, triton_type: str, value: Any) -> None:
             raise BadBody(f"`{name}` must be an integer. Given: {_show(value)}")
         if not low <= value <= high:
             raise BadBody(f"`{name}` must be >= {low} and <= {high}. Given: {value}")
+        if name in TOKEN_IDS and value < 0:
+            raise BadBody(negative_token_id(name, value))
     elif triton_type == "TYPE_FP32":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise BadBody(f"`{name}` must be a number. Given: {_show(value)}")

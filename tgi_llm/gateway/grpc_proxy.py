@@ -9,7 +9,8 @@ as the header its restricted-API check reads. Errors get
 the codes clients expect (statuses.py), in-stream errors a status when the client asked for one with
 `triton_grpc_error: true`. That header is not passed on: tritonserver's handling of it crashes the server
 (triton/status.py). The gateway asks the model for each error's code with a request parameter instead, and
-gives the client the status (or, without the header, the error message untagged) itself.
+gives the client the status (or, without the header, the error message untagged) itself. Any other error
+in the gateway ends the call with INTERNAL and one log line (`internal_error`), never a call left waiting.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from typing import Any
 import grpc
 from tritonclient.grpc import service_pb2
 
-from tgi_llm.gateway.api_key import UNAUTHORIZED, ApiKey
-from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse
+from tgi_llm.gateway.api_key import TRITON_GRPC_AUTHORIZATION, UNAUTHORIZED, ApiKey
+from tgi_llm.gateway.infer_request import BadRequest, check_request, error_response, parse, widen_int32
 from tgi_llm.gateway.statuses import grpc_error, in_stream_error, model_error
 from tgi_llm.triton.status import ERROR_CODE_PARAMETER, split_error_tag
 
@@ -44,8 +45,6 @@ DECOUPLED_MESSAGE = ("ModelInfer does not serve this model: it is decoupled (one
 #: How long an ending stream waits for tritonserver to finish its side before cancelling it.
 DRAIN_S = 5.0
 
-#: Triton's restricted-API check on gRPC reads `triton-grpc-protocol-<header>`.
-_TRITON_AUTH = "triton-grpc-protocol-authorization"
 #: The client's ask for statuses on stream errors: answered here, never passed on (see above).
 _STATUS_HEADER = "triton_grpc_error"
 _DROPPED = {"user-agent", "content-type", "te", "grpc-accept-encoding", "grpc-encoding", "grpc-timeout",
@@ -64,9 +63,30 @@ def upstream_metadata(metadata: Any, api_key: ApiKey | None = None) -> tuple[tup
         if key.startswith(":") or key in _DROPPED or key.endswith("-bin"):
             continue
         if key == "authorization":
-            key, value = _TRITON_AUTH, (api_key or ApiKey(None)).upstream(value)
+            key, value = TRITON_GRPC_AUTHORIZATION, (api_key or ApiKey(None)).upstream(value)
         out.append((key, value))
     return tuple(out)
+
+
+async def internal_error(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+    """End the call with INTERNAL for an error of the gateway itself: one log line, and a status the client
+    can act on, where the failed task would otherwise leave the call waiting forever."""
+    logger.error("gateway error in %s: %s: %s", method, type(exc).__name__, exc)
+    await context.abort(grpc.StatusCode.INTERNAL, f"Internal error in the gateway: {type(exc).__name__}: {exc}")
+
+
+def _unary_errors(method: str, handler: Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]
+                  ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    async def guarded(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        try:
+            return await handler(request, context)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await internal_error(context, method, exc)
+            return b""
+
+    return guarded
 
 
 def _timeout(context: grpc.aio.ServicerContext) -> float | None:
@@ -85,7 +105,7 @@ class GrpcGateway(grpc.GenericRpcHandler):
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         method = details.method
         if method == HEALTH_CHECK:
-            return grpc.unary_unary_rpc_method_handler(self._unary(method))
+            return grpc.unary_unary_rpc_method_handler(_unary_errors(method, self._unary(method)))
         if not method.startswith(SERVICE):
             return None
         name = method[len(SERVICE):]
@@ -96,9 +116,9 @@ class GrpcGateway(grpc.GenericRpcHandler):
         if name == STREAM_METHOD:
             return grpc.stream_stream_rpc_method_handler(self._stream)
         if name == "ModelInfer":
-            return grpc.unary_unary_rpc_method_handler(self._infer)
+            return grpc.unary_unary_rpc_method_handler(_unary_errors(name, self._infer))
         if name in UNARY_METHODS:
-            return grpc.unary_unary_rpc_method_handler(self._unary(method))
+            return grpc.unary_unary_rpc_method_handler(_unary_errors(name, self._unary(method)))
         if name in ADMIN_METHODS:
             return grpc.unary_unary_rpc_method_handler(self._closed)
         return None
@@ -142,7 +162,8 @@ class GrpcGateway(grpc.GenericRpcHandler):
 
     def _admit(self, raw: bytes) -> tuple[bytes, None] | tuple[None, tuple[str, str]]:
         """(the bytes for tritonserver, None), or (None, (message, request id)) for a request for our model
-        that tritonserver would refuse. Requests for our model ask for their errors' codes."""
+        that tritonserver would refuse. Requests for our model ask for their errors' codes, their INT32 token
+        ids widened to INT64."""
         try:
             request = parse(raw)
         except BadRequest as exc:
@@ -153,6 +174,8 @@ class GrpcGateway(grpc.GenericRpcHandler):
             check_request(request)
         except BadRequest as exc:
             return None, (str(exc), request.id)
+        if widen_int32(request):
+            raw = request.SerializeToString()
         return raw + _ASK_ERROR_CODE, None
 
     async def _infer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
@@ -198,9 +221,18 @@ class GrpcGateway(grpc.GenericRpcHandler):
             except grpc.aio.AioRpcError as exc:
                 to_client.put_nowait(("failed", exc))
 
+        async def reporting(read: Callable[[], Awaitable[None]]) -> None:
+            """Run a reader; its error reaches the loop below, which ends the call (a task's error is
+            otherwise seen by no one, and the client waits forever)."""
+            try:
+                await read()
+            except Exception as exc:
+                to_client.put_nowait(("crashed", exc))
+
         call = self.channel.stream_stream(SERVICE + STREAM_METHOD)(triton_requests(), metadata=metadata,
                                                                    timeout=_timeout(context))
-        client_task, triton_task = asyncio.ensure_future(read_client()), asyncio.ensure_future(read_triton())
+        client_task = asyncio.ensure_future(reporting(read_client))
+        triton_task = asyncio.ensure_future(reporting(read_triton))
         try:
             while True:
                 item = await to_client.get()
@@ -227,9 +259,15 @@ class GrpcGateway(grpc.GenericRpcHandler):
                     yield error_response(item[1], item[2])
                 elif item[0] == "end":
                     return
-                else:
+                elif item[0] == "failed":
                     exc = item[1]
                     await context.abort(*grpc_error(exc.code(), exc.details() or "", self.model))
+                else:
+                    raise item[1]
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            await internal_error(context, STREAM_METHOD, exc)
         finally:
             client_task.cancel()
             triton_task.cancel()

@@ -5,24 +5,30 @@ generate_stream (POST). Triton's model-repository, shared-memory, trace and logg
 here whatever the headers (tritonserver also wants the launcher's secret for them). Bodies are bounded
 (BodyLimit), JSON is parsed with a depth cap and generate bodies are type-checked before Triton sees
 them; compressed bodies are refused (Triton would inflate them past any limit). A client that goes
-away closes its upstream request, so Triton cancels the generation.
+away cancels its generation: a streamed one when its upstream request is closed, a non-streamed generate
+when its gRPC call is (it goes over gRPC for that: generate_grpc.py). An error of the gateway itself is one
+log line and a 500 JSON answer (`_answering_errors`), never a request left hanging.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 from typing import Any
 
+import grpc
 import httpx
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+from tritonclient.grpc import service_pb2
 
-from tgi_llm.gateway.api_key import UNAUTHORIZED, ApiKey
+from tgi_llm.gateway.api_key import TRITON_GRPC_AUTHORIZATION, UNAUTHORIZED, ApiKey
 from tgi_llm.gateway.body import BadJson, PayloadTooLarge, load_json
 from tgi_llm.gateway.disconnect import until_disconnect
 from tgi_llm.gateway.generate_body import BadBody, check_generate_body
-from tgi_llm.gateway.statuses import http_error, unavailable_message
+from tgi_llm.gateway.generate_grpc import to_json, to_request, wants_single_response
+from tgi_llm.gateway.statuses import grpc_error, http_error, unavailable_message
 
 logger = logging.getLogger("tgi_llm.gateway")
 
@@ -43,12 +49,18 @@ _REQUEST_HEADERS_DROPPED = {
     b"upgrade", b"content-length", b"accept-encoding", b"expect",
 }
 _RESPONSE_HEADERS_DROPPED = {"connection", "keep-alive", "transfer-encoding", "trailer", "upgrade"}
+_STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+#: HTTP status for a gRPC status of tritonserver's; any other is a refused request, as Triton's HTTP answers.
+_HTTP_STATUS = {grpc.StatusCode.UNAVAILABLE: 503, grpc.StatusCode.UNAUTHENTICATED: 401, grpc.StatusCode.INTERNAL: 500}
 
 
 async def send_json(send: Send, status: int, body: dict[str, Any]) -> None:
-    payload = json.dumps(body).encode()
+    await send_body(send, status, b"application/json", json.dumps(body).encode())
+
+
+async def send_body(send: Send, status: int, content_type: bytes, payload: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -81,8 +93,8 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
 class GatewayApp:
     """ASGI app serving the public HTTP port (Triton's API) and the public metrics port."""
 
-    def __init__(self, triton_http_url: str, triton_metrics_url: str, model: str, metrics_port: int | None,
-                 api_key: ApiKey | None = None) -> None:
+    def __init__(self, triton_http_url: str, triton_grpc_url: str, triton_metrics_url: str, model: str,
+                 metrics_port: int | None, api_key: ApiKey | None = None) -> None:
         self.api_key = api_key or ApiKey(None)
         self.triton_http_url = triton_http_url.rstrip("/")
         self.triton_metrics_url = triton_metrics_url
@@ -95,16 +107,37 @@ class GatewayApp:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=0),
         )
         self._upstream_down = False
+        self.channel = grpc.aio.insecure_channel(triton_grpc_url, options=[("grpc.max_receive_message_length", -1)])
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
+            await self._answering_errors(scope, receive, send)
+
+    async def _answering_errors(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Serve one request; an unexpected error gets one log line and, if nothing was sent yet, a 500 JSON
+        answer (uvicorn would log a traceback and answer in plain text). A response already under way is cut:
+        uvicorn closes the connection when the app returns without finishing it."""
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
             server = scope.get("server")
             if server is not None and server[1] == self.metrics_port:
-                await self._metrics(scope, send)
+                await self._metrics(scope, tracking_send)
             else:
-                await self._triton(scope, receive, send)
+                await self._triton(scope, receive, tracking_send)
+        except PayloadTooLarge:
+            raise  # BodyLimit answers it
+        except Exception as exc:
+            logger.error("gateway error on %s %s: %s: %s", scope["method"], scope["path"], type(exc).__name__, exc)
+            if not started:
+                await send_json(send, 500, {"error": f"Internal error in the gateway: {type(exc).__name__}: {exc}"})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -113,6 +146,7 @@ class GatewayApp:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 await self.client.aclose()
+                await self.channel.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -144,17 +178,21 @@ class GatewayApp:
             if body is None:
                 return
             try:
-                self._check(scope, infer, body)
+                parsed = self._check(scope, infer, body)
             except (BadJson, BadBody) as exc:
                 await send_json(send, 400, {"error": str(exc)})
                 return
-            await self._forward(scope, receive, send, self.triton_http_url + path, body)
+            if parsed is not None and wants_single_response(infer["action"], parsed):
+                await self._single_response(scope, receive, send, infer["action"], parsed)
+            else:
+                await self._forward(scope, receive, send, self.triton_http_url + path, body)
         elif READ_ROUTES.match(path) or infer is not None:
             await send_json(send, 405, {"error": f"Method {method} not allowed on {path}"})
         else:
             await send_json(send, 404, {"error": f"Not found: {path}"})
 
-    def _check(self, scope: Scope, infer: re.Match, body: bytes) -> None:
+    def _check(self, scope: Scope, infer: re.Match, body: bytes) -> dict[str, Any] | None:
+        """Raise BadJson / BadBody for a body Triton must not see; the parsed body of a generate for our model."""
         if infer["action"] == "infer" and infer["model"] == self.model:
             raise BadBody(DECOUPLED_MESSAGE)  # tritonserver refuses it too, but only after taking it in
         if infer["action"] == "infer":
@@ -162,10 +200,56 @@ class GatewayApp:
             header = _header(scope, b"inference-header-content-length")
             json_part = body[: int(header)] if header is not None and header.isdigit() else body
             load_json(json_part)
-            return
+            return None
         parsed = load_json(body)
-        if infer["model"] == self.model:
-            check_generate_body(parsed)
+        if infer["model"] != self.model:
+            return None
+        check_generate_body(parsed)
+        return parsed
+
+    async def _single_response(self, scope: Scope, receive: Receive, send: Send, action: str,
+                               body: dict[str, Any]) -> None:
+        """A non-streamed generate over tritonserver's gRPC stream, cancelled there if the client goes away first;
+        answered as Triton's HTTP answers it (generate_stream: one server-sent event), errors as _forward does."""
+        authorization = _header(scope, b"authorization")
+        metadata = () if authorization is None else (
+            (TRITON_GRPC_AUTHORIZATION, self.api_key.upstream(authorization.decode("latin-1"))),)
+        done = await until_disconnect(receive, self._infer_over_grpc(to_request(body, self.model), metadata))
+        if done.cancelled():
+            return
+        status, answer = done.result()
+        if status != 200:  # a JSON error, as _send_error answers Triton's (generate_stream's too)
+            await send_json(send, status, answer)
+            return
+        payload = json.dumps(answer, separators=(",", ":"), sort_keys=True).encode()
+        if action == "generate":
+            await send_body(send, status, b"application/json", payload)
+        else:
+            await send_body(send, status, b"text/event-stream; charset=utf-8", b"data: " + payload + b"\n\n")
+
+    async def _infer_over_grpc(self, request: service_pb2.ModelInferRequest,
+                               metadata: tuple[tuple[str, str], ...]) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON answer) for one request on its own gRPC stream; cancelling this cancels the call."""
+        call = self.channel.stream_stream(_STREAM_INFER)(iter([request.SerializeToString()]), metadata=metadata)
+        try:
+            # The stream holds one request, so tritonserver ends it after the request's response: read to that end.
+            # Cancelled right after its response instead, tritonserver held the model at its next stop (exit 1, no
+            # finalize), as it does for a refused request (infer_request.py).
+            responses = [raw async for raw in call]
+        except asyncio.CancelledError:
+            call.cancel()  # the client went away: tritonserver cancels the request, its KV blocks come back
+            raise
+        except grpc.aio.AioRpcError as exc:
+            code, message = grpc_error(exc.code(), exc.details() or "", self.model)
+            status, message = http_error(_HTTP_STATUS.get(code, 400), message, self.model)
+            return status, {"error": message}
+        if not responses:
+            return 500, {"error": "tritonserver ended the request without a response"}
+        response = service_pb2.ModelStreamInferResponse.FromString(responses[0])
+        if response.error_message:  # refused by the model: Triton's HTTP answers 400
+            status, message = http_error(400, response.error_message, self.model)
+            return status, {"error": message}
+        return 200, to_json(response.infer_response)
 
     async def _forward(self, scope: Scope, receive: Receive | None, send: Send, url: str,
                        body: bytes | None = None) -> None:

@@ -57,7 +57,8 @@ async def serve(args: argparse.Namespace) -> None:
     from tgi_llm.gateway.http_proxy import GatewayApp, too_large_app
 
     api_key = ApiKey.from_env()
-    app = GatewayApp(args.triton_http_url, args.triton_metrics_url, args.model_name, args.metrics_port, api_key)
+    app = GatewayApp(args.triton_http_url, args.triton_grpc_url, args.triton_metrics_url, args.model_name,
+                     args.metrics_port, api_key)
     config = uvicorn.Config(
         BodyLimit(app, args.payload_limit, too_large_app), http=protocol_with_deadline(args.request_read_timeout),
         lifespan="on", log_config=None, access_log=False, server_header=False, timeout_graceful_shutdown=GRACE_S,

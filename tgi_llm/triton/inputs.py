@@ -94,8 +94,10 @@ def parse_request(tensor: TensorGetter, parameters: str | Mapping[str, Any] | No
         if not isinstance(exclude, bool):
             raise ValidationError(f"`exclude_input_in_output` must be a boolean. Given: {exclude!r}")
         params["return_full_text"] = not exclude
-    ids = tensor("input_ids")
-    inputs = [int(i) for i in np.asarray(ids).reshape(-1)] if ids is not None else _prompt(tensor("text_input"))
+    ids, text = tensor("input_ids"), tensor("text_input")
+    if ids is not None and text is not None:
+        raise ValidationError("`text_input` and `input_ids` are two forms of the prompt: send one")
+    inputs = [int(i) for i in np.asarray(ids).reshape(-1)] if ids is not None else _prompt(text)
     return ParsedRequest(inputs=inputs, params=params, stream=stream)
 
 
