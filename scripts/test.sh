@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up .venv (first run only), then lint and run the whole test suite.
+# Set up .venv (first run only), then lint and run the whole test suite (and the kernels' tests per ISA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -8,3 +8,7 @@ bash scripts/setup-clients.sh
 . .venv/bin/activate
 ruff check .
 python -m pytest -q "$@"
+# A full run (no arguments) also tests the AVX2 and the portable C builds of the kernels.
+if [ $# -eq 0 ]; then
+    bash scripts/test-isa-variants.sh
+fi

@@ -226,6 +226,18 @@ def plan_player() -> Callable[..., PlanPlayer]:
 
 
 @pytest.fixture
+def c_kernels() -> None:
+    """The C kernels must be there: a kernel test fails, never skips, where they can't be built or loaded, so that
+    a CI without a C compiler cannot go green with the C untested."""
+    from tgi_llm.native import library
+
+    try:
+        library()
+    except Exception as exc:
+        pytest.fail(f"the C kernels are unavailable (a C compiler is required to test them): {exc}")
+
+
+@pytest.fixture
 def prefill_kernel_chosen(monkeypatch) -> None:
     """Prompt chunks through the C prefill attention kernel, whatever its load-time race against SDPA chose (it
     loses in a build without AVX): mixed steps then take the fused layer stack on every machine."""

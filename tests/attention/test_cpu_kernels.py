@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.native.builds import build_variant, patched_sources
 from tgi_llm.attention import cpu_kernels
 from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, PrefillSequence, _choose_prefill, cpu_attention_kernels
 from tgi_llm.kv_cache import gather_kv
-from tgi_llm.native_build import build_library
 
 kernel = cpu_attention_kernels()
-pytestmark = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
+pytestmark = pytest.mark.usefixtures("c_kernels")  # fails, never skips, without a compiler
 needs_bf16 = pytest.mark.skipif(kernel is None or kernel.bf16_prefill_address is None,
                                 reason="the CPU has no AVX512-BF16: bfloat16 prompt attention stays float32")
 
@@ -262,14 +262,14 @@ def test_prefill_takes_only_groups_its_work_items_hold():
 
 @pytest.mark.parametrize("forced", ["kernel", "torch"])
 def test_the_prefill_path_can_be_forced(use_settings, forced):
-    lib = CpuAttentionKernels(kernel._lib._name)
+    lib = CpuAttentionKernels(kernel._lib)
     use_settings(cpu_prefill=forced)
     assert "forced" in _choose_prefill(lib)
     assert lib.prefill_wins == (forced == "kernel")
 
 
 def test_the_prefill_path_is_chosen_by_timing_both(monkeypatch, use_settings):
-    lib = CpuAttentionKernels(kernel._lib._name)
+    lib = CpuAttentionKernels(kernel._lib)
     use_settings(cpu_prefill="auto")
     calls = []
     monkeypatch.setattr(lib, "prefill", lambda *a: calls.append("kernel"))
@@ -284,12 +284,10 @@ def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, us
     library whose batched decode reads the wrong value head must not serve."""
     use_settings(kernel_cache=tmp_path)
     right = "add_pv_group(s + h * G * stride + l0, stride, vb + h * D, n, tok, C, G, os + h * G * D)"
-    assert right in cpu_kernels._SOURCE
-    wrong = cpu_kernels._SOURCE.replace(right, right.replace("vb + h * D", "vb"))  # the same for one head
-    broken = CpuAttentionKernels(build_library("attention_wrong_value_head", wrong))
+    wrong = right.replace("vb + h * D", "vb")  # the same value head for every KV head
+    broken = build_variant("kernels_wrong_value_head", patched_sources(tmp_path, "attention/paged.c", right, wrong))
     with pytest.raises(RuntimeError, match="paged decode kernel disagrees"):
-        cpu_kernels._self_check(broken)
-    cpu_kernels._self_check(CpuAttentionKernels(build_library("attention_as_shipped", cpu_kernels._SOURCE)))
+        cpu_kernels._self_check(CpuAttentionKernels(broken))
 
 
 @needs_bf16
@@ -297,8 +295,7 @@ def test_self_check_rejects_a_library_whose_bf16_prefill_is_wrong(tmp_path, use_
     """A bfloat16 prefill that reads KV head 0's keys for every head must not serve either."""
     use_settings(kernel_cache=tmp_path)
     right = "bf16_row(key_row(kc, table, j0 + t, BS, tok) + h * D, 1.f, D, kb + t * D)"
-    assert right in cpu_kernels._SOURCE
-    broken = CpuAttentionKernels(build_library("attention_wrong_bf16_keys",
-                                               cpu_kernels._SOURCE.replace(right, right.replace(" + h * D", ""))))
+    root = patched_sources(tmp_path, "attention/paged.c", right, right.replace(" + h * D", ""))
+    broken = CpuAttentionKernels(build_variant("kernels_wrong_bf16_keys", root))
     with pytest.raises(RuntimeError, match=r"prefill attention kernel \(bfloat16\) disagrees"):
         cpu_kernels._self_check(broken)

@@ -69,12 +69,10 @@ def test_mixed_prefill_chunked_prefill_and_decode(paged_batcher):
 
 
 @pytest.mark.parametrize("prefill_kernel", [True, False])
-def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch, prefill_kernel):
+def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch, c_kernels, prefill_kernel):
     """Head size 16, which the C kernels take: decodes through the decode kernel, prompt chunks through
     whichever prefill was chosen at load (cpu_kernels._choose_prefill)."""
     kernels = cpu_attention_kernels()
-    if kernels is None:
-        pytest.skip("no C kernels on this machine")
     monkeypatch.setattr(kernels, "prefill_wins", prefill_kernel)
     steps = [[(0, 7), (1, 1), (2, 12)], [(0, 1), (1, 5), (2, 1)], [(3, 9), (0, 1), (1, 1), (2, 3)]]
     run_steps(paged_batcher, steps, block_size=4, dim=16)

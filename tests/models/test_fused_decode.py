@@ -10,11 +10,10 @@ import torch
 
 from tgi_llm.models.fused_decode import FusedDecode
 from tgi_llm.models.llama import load_model
-from tgi_llm.quant.kernels import quant_kernels
 from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, Q8_GEMM_MIN_TOKENS
 from tgi_llm.quant.modes import Quantization
 
-pytestmark = [pytest.mark.skipif(quant_kernels() is None, reason="no C compiler: the fused stack needs the kernels"),
+pytestmark = [pytest.mark.usefixtures("c_kernels"),  # fails, never skips, without a compiler
               pytest.mark.usefixtures("prefill_kernel_chosen")]  # mixed steps on every machine
 
 

@@ -7,8 +7,11 @@ from dataclasses import replace
 import pytest
 import torch
 
+import tgi_llm.native.loader as loader
 import tgi_llm.quant.kernels as kernels_mod
-from tgi_llm.native_build import BASE_FLAGS, NativeBuildError, build_library
+from tests.native.builds import build_variant
+from tgi_llm.native import NativeBuildError
+from tgi_llm.native.build import BASE_FLAGS
 from tgi_llm.quant.formats import (
     QuantizedWeight,
     bf16_panel_rows,
@@ -23,7 +26,7 @@ from tgi_llm.quant.formats import (
 from tgi_llm.quant.linear import GEMM_MIN_TOKENS, QuantLinear
 
 kernel = kernels_mod.quant_kernels()
-needs_kernel = pytest.mark.skipif(kernel is None, reason="no C compiler: the torch path is used")
+needs_kernel = pytest.mark.usefixtures("c_kernels")  # fails, never skips, without a compiler
 LANES = kernel.panel_lanes if kernel is not None else 8
 Q8_LANES = kernel.q8_panel_lanes if kernel is not None else 16
 
@@ -160,8 +163,7 @@ def test_bfloat16_without_the_bf16_instructions_gives_the_same_products(avx_gemm
     """The library built without AVX512-BF16 (what a CPU without it runs: shifts and FMAs) against the one
     built for this CPU, on the same bfloat16 weights (its AVX-512 kernel: AMX tiles sum in another order)."""
     try:
-        plain = kernels_mod.QuantKernels(build_library("quant_linear_no_bf16", kernels_mod._SOURCE,
-                                                       flags=BASE_FLAGS + ("-mno-avx512bf16",)))
+        plain = kernels_mod.QuantKernels(build_variant("kernels_no_bf16", flags=BASE_FLAGS + ("-mno-avx512bf16",)))
     except NativeBuildError:
         pytest.skip("the compiler does not take -mno-avx512bf16")
     gen = torch.Generator().manual_seed(3)
@@ -189,9 +191,9 @@ def test_bfloat16_products_from_codes_are_the_bfloat16_weights_products(layout, 
     gen = torch.Generator().manual_seed(m)
     qw = CODES_FOR_BF16[layout](torch.randn(2 * Q8_LANES, 576, generator=gen))
     x = torch.randn(m, 600, generator=gen)[:, 10:586]  # rows with a stride wider than K
-    got = kernel.apply(x, kernels_mod.WeightDesc.of(qw, None, 16), 0)
+    got = kernel.apply(x, kernels_mod.quantized_desc(qw, None, 16), 0)
     if m < 16:
-        assert torch.equal(got, kernel.apply(x, kernels_mod.WeightDesc.of(qw), 0))
+        assert torch.equal(got, kernel.apply(x, kernels_mod.quantized_desc(qw), 0))
         return
     dense = qw.dequantize()
     want = x.bfloat16().double() @ dense.bfloat16().double().T
@@ -199,7 +201,7 @@ def test_bfloat16_products_from_codes_are_the_bfloat16_weights_products(layout, 
     if qw.out_features % Q8_LANES == 0:
         held = to_bf16_panels(dense, Q8_LANES)
         assert torch.equal(got, kernel.apply(x, kernels_mod.dense_desc(held, panel=True), 0))
-    assert not torch.equal(got, kernel.apply(x, kernels_mod.WeightDesc.of(qw), 0))  # float32 products differ
+    assert not torch.equal(got, kernel.apply(x, kernels_mod.quantized_desc(qw), 0))  # float32 products differ
 
 
 def test_bfloat16_panels_round_trip():
@@ -266,8 +268,8 @@ def test_quant_linear_serves_without_the_kernel(monkeypatch, tokens):
     x = torch.randn(tokens, 64, generator=gen)
     want = torch.nn.functional.linear(x.double(), w.dequantize().double(), bias.double()).float()
     fast = QuantLinear(w, bias)
-    monkeypatch.setattr(kernels_mod, "_kernels", None)
-    monkeypatch.setattr(kernels_mod, "_tried", True)
+    monkeypatch.setattr(kernels_mod.quant_kernels, "value", None)
+    monkeypatch.setattr(kernels_mod.quant_kernels, "decided", True)
     slow = QuantLinear(w, bias)
     assert slow.kernels is None
     torch.testing.assert_close(slow(x), want, rtol=1e-5, atol=1e-4)
@@ -276,8 +278,8 @@ def test_quant_linear_serves_without_the_kernel(monkeypatch, tokens):
 
 def test_switched_off_by_environment(monkeypatch, use_settings):
     use_settings(quant_kernels=False)
-    monkeypatch.setattr(kernels_mod, "_kernels", None)
-    monkeypatch.setattr(kernels_mod, "_tried", False)
+    monkeypatch.setattr(kernels_mod.quant_kernels, "value", None)  # restored after the test, with `decided`
+    monkeypatch.setattr(kernels_mod.quant_kernels, "decided", False)
     assert kernels_mod.quant_kernels() is None
 
 
@@ -285,9 +287,10 @@ def test_a_failed_build_means_the_torch_path(monkeypatch, use_settings, caplog):
     def broken(*_a, **_k):
         raise NativeBuildError("no compiler here")
 
-    monkeypatch.setattr(kernels_mod, "build_library", broken)
-    monkeypatch.setattr(kernels_mod, "_kernels", None)
-    monkeypatch.setattr(kernels_mod, "_tried", False)
+    monkeypatch.setattr(loader, "library_path", broken)
+    monkeypatch.setattr(loader, "_outcome", None)  # not tried yet
+    monkeypatch.setattr(kernels_mod.quant_kernels, "value", None)  # restored after the test, with `decided`
+    monkeypatch.setattr(kernels_mod.quant_kernels, "decided", False)
     use_settings(quant_kernels=True)
     assert kernels_mod.quant_kernels() is None
     assert "no compiler here" in caplog.text

@@ -34,7 +34,7 @@ def held(layout: str, w: torch.Tensor) -> tuple[kernels_mod.WeightDesc, torch.Te
          "q4 g64 fp32 scales": lambda: quantize_int4(w * 1e5, 64).with_order("panel", LANES),
          "q8 g32 asymmetric": lambda: quantize_int8(w, 32).with_order("panel", Q8_LANES),
          "q8 g16 symmetric": lambda: symmetric(quantize_int8(w, 16)).with_order("panel", Q8_LANES)}[layout]()
-    return kernels_mod.WeightDesc.of(q), q.dequantize(), q
+    return kernels_mod.quantized_desc(q), q.dequantize(), q
 
 
 def symmetric(q):
@@ -170,8 +170,8 @@ def test_rows_below_the_threshold_keep_the_avx_gemm(layout, rows):
 
 def test_switched_off_by_environment(monkeypatch, use_settings):
     use_settings(amx=False)
-    monkeypatch.setattr(kernels_mod, "_kernels", None)
-    monkeypatch.setattr(kernels_mod, "_tried", False)
+    monkeypatch.setattr(kernels_mod.quant_kernels, "value", None)  # restored after the test, with `decided`
+    monkeypatch.setattr(kernels_mod.quant_kernels, "decided", False)
     try:
         other = kernels_mod.quant_kernels()
         assert other is not None and not other.amx

@@ -1,10 +1,10 @@
-"""The CPU kernels' libraries, built by a child process of their own while the weights are prepared.
+"""The CPU kernels' library, built by a child process of its own while the weights are prepared.
 
-On a machine's first start the model's load compiled the C kernels (quant_linear 23 s, cpu_attention 3.5 s,
-fused_decode 0.4 s on a 2-vCPU Xeon) only after the weights step had converted the GGUF (21 s) on one
-core. Started beside the weights step, the compiler takes the other core; native_build's lock makes the
+On a machine's first start the model's load compiled the C kernels (the linears 23 s, attention 3.5 s, the
+layer stack 0.4 s on a 2-vCPU Xeon) only after the weights step had converted the GGUF (21 s) on one
+core. Started beside the weights step, the compiler takes the other core; tgi_llm.native's lock makes the
 model's load wait for a library this child is building instead of building it again. Later starts find
-the libraries cached, and this child only imports their sources (~2 s of one core, at a low priority).
+the library cached, and this child only hashes its sources (at a low priority).
 Nothing depends on it: whatever fails here, the model's load builds the kernels (or serves without them)
 and says why.
 
@@ -59,18 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tgi_llm.launcher.logs import setup_logging
 
     setup_logging(args.log_level, args.json_output)
-    from tgi_llm.attention.cpu_kernels import library_path as attention_library
-    from tgi_llm.models.fused_decode import library_path as fused_decode_library
-    from tgi_llm.native_build import NativeBuildError
-    from tgi_llm.quant.kernels import library_path as linear_library
+    from tgi_llm.native import NativeBuildError, library_path
 
-    for name, build in (("linear", linear_library), ("attention", attention_library),
-                        ("fused decode", fused_decode_library)):
-        try:
-            build()
-        except NativeBuildError as exc:
-            logger.info("kernels step: the %s kernels were not built here (the model's load tries again): %s",
-                        name, exc)
+    try:
+        library_path()
+    except NativeBuildError as exc:
+        logger.info("kernels step: the kernels were not built here (the model's load tries again): %s", exc)
     return 0
 
 

@@ -21,10 +21,10 @@ from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_at
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.hugepages import huge_page_bytes, in_huge_pages, weights_in_huge_pages
 from tgi_llm.models.config import ModelConfig
-from tgi_llm.models.fused_decode import FusedDecode
-from tgi_llm.models.fused_decode import library as fused_decode_library
+from tgi_llm.models.fused_decode import FusedDecode, layer_stack_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
+from tgi_llm.native.abi import WeightDesc
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import (
     QuantizedWeight,
@@ -35,7 +35,7 @@ from tgi_llm.quant.formats import (
     to_bf16_panels,
     to_panels,
 )
-from tgi_llm.quant.kernels import QuantKernels, WeightDesc, dense_desc, quant_kernels
+from tgi_llm.quant.kernels import QuantKernels, dense_desc, quant_kernels
 from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.settings import settings
@@ -417,7 +417,7 @@ def load_model(
     model.bf16_prefill_attention = ((bf16_weights or bf16_codes) and attention is not None
                                     and attention.bf16_prefill_address is not None)
     if (weights.quantized or model.float_kernels is not None) and model.device.type == "cpu":
-        fused_decode_library()  # built now, not on the first request's first token
+        layer_stack_library()  # loaded now, not on the first request's first token
     logger.info(
         "loaded %s (%s, %d layers, hidden %d) as %s on %s, weights %s",
         model_dir,

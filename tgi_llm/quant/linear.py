@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tgi_llm.hugepages import in_huge_pages
+from tgi_llm.native.abi import WeightDesc, WeightKind
 from tgi_llm.quant.formats import QuantizedWeight
-from tgi_llm.quant.kernels import QW_F32, QW_F32_PANEL, QW_Q4_PANEL, QW_Q8, QW_Q8_PANEL, WeightDesc, quant_kernels
+from tgi_llm.quant.kernels import quant_kernels, quantized_desc
 
 #: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
 #: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
@@ -43,14 +44,14 @@ BF16_GEMM_MIN_TOKENS = 16
 def gemm_min_tokens(desc: WeightDesc) -> int:
     """Rows from which `quant_apply` should take the GEMM for this weight (read at call time, so that
     quant/accuracy.py can send every length through the decode kernels)."""
-    if desc.kind == QW_F32:
+    if desc.kind == WeightKind.QW_F32:
         return FLOAT_GEMM_MIN_TOKENS
-    if desc.kind == QW_F32_PANEL:
+    if desc.kind == WeightKind.QW_F32_PANEL:
         return 0  # the GEMM reads it in place: at one row too it streams faster than a decode kernel (item 20)
-    if desc.kind in (QW_Q8, QW_Q8_PANEL):
+    if desc.kind in (WeightKind.QW_Q8, WeightKind.QW_Q8_PANEL):
         return Q8_GEMM_MIN_TOKENS
     kernels = quant_kernels()
-    if desc.kind == QW_Q4_PANEL and kernels is not None:
+    if desc.kind == WeightKind.QW_Q4_PANEL and kernels is not None:
         # Rows that fit one pass of the panel decode kernel (16 on AVX-512) cost it the GEMM's FMAs without
         # its dequantized panel: 10 rows 12.3 against 14.7 ms, 12 rows 14.4 against 15.6, 15 rows 20.7
         # against 23.9, 16 rows 21.4-24.5 against 22.7-26.5 (item 42).
@@ -101,7 +102,7 @@ class QuantLinear(nn.Module):
     def desc(self) -> WeightDesc:
         """Where the C kernels find this layer's weight and bias (for `quant_apply`)."""
         if self._desc is None:
-            self._desc = WeightDesc.of(self.qweight, None if self.bias is None else self.bias.detach(),
+            self._desc = quantized_desc(self.qweight, None if self.bias is None else self.bias.detach(),
                                        self.bf16_min_rows)
         return self._desc
 

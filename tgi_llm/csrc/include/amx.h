@@ -1,15 +1,17 @@
-"""AMX tile setup for the C kernels, as one C preamble the kernel sources include after VECTORS_C.
+/* AMX tile setup for the C kernels.
 
-Intel's AMX (Xeon from Sapphire Rapids on) multiplies bfloat16 tiles (16 rows x 64 bytes) on a unit of
-its own. Linux hands a process the tiles' register state only when asked (arch_prctl, 5.16+), once per
-process; each thread then loads a tile configuration before its first tile instruction and releases the
-tiles when done, so that a context switch does not save 8 KB of their state. HAVE_AMX is defined only
-where -march=native has AMX-BF16 and AVX512-BF16 (the split and pair conversions use the latter), so
-other CPUs never see an AMX instruction. `pair_words`, the k-pair conversion both the tiles and VDPBF16PS
-read, comes with it wherever AVX512-BF16 is.
-"""
+   Intel's AMX (Xeon from Sapphire Rapids on) multiplies bfloat16 tiles (16 rows x 64 bytes) on a unit of
+   its own. Linux hands a process the tiles' register state only when asked (arch_prctl, 5.16+), once per
+   process; each thread then loads a tile configuration before its first tile instruction and releases the
+   tiles when done, so that a context switch does not save 8 KB of their state. HAVE_AMX is defined only
+   where -march=native has AMX-BF16 and AVX512-BF16 (the split and pair conversions use the latter), so
+   other CPUs never see an AMX instruction. `pair_words`, the k-pair conversion both the tiles and VDPBF16PS
+   read, comes with it wherever AVX512-BF16 is. */
+#ifndef TGI_AMX_H
+#define TGI_AMX_H
 
-AMX_C = r"""
+#include "vectors.h"
+
 #if defined(__AVX512BF16__) && VL == 16
 /* Word n: bf16(e[n]) | bf16(o[n]) << 16, rounded to nearest even (VCVTNE2PS2BF16, which also flushes denormals,
    as the tile unit does anyway): the k-pair layout of TDPBF16PS's B operand and of VDPBF16PS's operands */
@@ -50,4 +52,5 @@ static void amx_configure(void) {
     _tile_loadconfig(&c);
 }
 #endif
-"""
+
+#endif /* TGI_AMX_H */

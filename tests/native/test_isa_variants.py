@@ -1,28 +1,27 @@
-"""The C kernel sources (quantized linears, CPU attention, the fused decode stack) built for each
-instruction set their shared vectors (native_vectors.py) have code for, not only the one at hand: the
-plain-C fallback (no AVX), AVX2 and AVX-512. Each build this CPU can run passes its load-time self-check,
-the quantized kernels match a float64 reference at decode and prefill sizes, and the fused stack matches
-the torch layers; the others must at least compile."""
+"""The kernels library built for each instruction set its shared vectors (csrc/include/vectors.h) have code for,
+not only the one at hand: the plain-C fallback (no AVX), AVX2 and AVX-512. Each build this CPU can run passes
+every registered self-check (tgi_llm.native.loader.REGISTRY), the quantized kernels match a float64 reference
+at decode and prefill sizes, and the fused stack matches the torch layers; the others must at least compile,
+without a warning."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tgi_llm.attention import cpu_kernels as attention_mod
+from tests.native.builds import build_variant, with_march
+from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, cpu_attention_kernels
+from tgi_llm.attention.cpu_kernels import _self_check as attention_self_check
 from tgi_llm.models import fused_decode
 from tgi_llm.models.llama import load_model
 from tgi_llm.models.rope import rotary_tables
-from tgi_llm.native_build import BASE_FLAGS, build_library
+from tgi_llm.native.loader import REGISTRY
 from tgi_llm.parallel import tp_ops
-from tgi_llm.quant import kernels as kernels_mod
 from tgi_llm.quant.formats import quantize_int4, quantize_int8
+from tgi_llm.quant.kernels import QuantKernels, quant_kernels
 from tgi_llm.quant.modes import Quantization
-
-needs_cc = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 
 
 def _cpu_flags() -> set[str]:
@@ -38,21 +37,27 @@ ISAS = [("generic", "-march=x86-64", set()), ("avx2", "-march=haswell", {"avx2",
         ("avx512", "-march=skylake-avx512", {"avx512f", "avx512bw", "avx512vl", "avx512dq"})]
 
 
-@needs_cc
 @pytest.mark.skipif(not CPU_FLAGS, reason="not an x86 Linux machine")
 @pytest.mark.parametrize(("isa", "march", "needs"), ISAS, ids=[i[0] for i in ISAS])
-def test_each_instruction_set_builds_and_computes(tmp_path, use_settings, tiny_model_factory, paged_batcher, isa, march,
-                                                  needs):
+def test_each_instruction_set_builds_and_computes(tmp_path, use_settings, caplog, monkeypatch, c_kernels,
+                                                  tiny_model_factory, paged_batcher, isa, march, needs):
     use_settings(kernel_cache=tmp_path)
-    flags = tuple(march if f == "-march=native" else f for f in BASE_FLAGS)
-    path = build_library(f"quant_{isa}", kernels_mod._SOURCE, flags=flags)
-    attention_path = build_library(f"attention_{isa}", attention_mod._SOURCE, flags=flags)
-    fused_path = build_library(f"fused_{isa}", fused_decode._SOURCE, flags=(*flags, "-ffp-contract=off"))
     if not needs <= CPU_FLAGS:
+        from tgi_llm.native.build import build_library
+
+        build_library(f"kernels_{isa}", flags=with_march(march))
+        assert "printed while building" not in caplog.text
         pytest.skip(f"built; this CPU lacks {sorted(needs - CPU_FLAGS)} to run it")
-    attention_mod._self_check(attention_mod.CpuAttentionKernels(attention_path))
-    kernels = kernels_mod.QuantKernels(path)
-    kernels_mod._self_check(kernels)
+    lib = build_variant(f"kernels_{isa}", flags=with_march(march))
+    assert "printed while building" not in caplog.text
+    for family in REGISTRY:
+        family.check(family.make(lib))
+    attention = CpuAttentionKernels(lib)
+    attention_self_check(attention)
+    kernels = QuantKernels(lib)
+    for family, value in ((quant_kernels, kernels), (cpu_attention_kernels, attention)):  # the model's load takes them
+        monkeypatch.setattr(family, "value", value)
+        monkeypatch.setattr(family, "decided", True)
     gen = torch.Generator().manual_seed(11)
     for w in (quantize_int4(torch.randn(50, 576, generator=gen)).with_order("x8"),
               quantize_int4(torch.randn(50, 576, generator=gen)), quantize_int8(torch.randn(50, 576, generator=gen))):
@@ -61,12 +66,12 @@ def test_each_instruction_set_builds_and_computes(tmp_path, use_settings, tiny_m
             want = (x.double() @ w.dequantize().double().T).float()
             for fn in (kernels.linear, kernels.gemm):
                 torch.testing.assert_close(fn(x, w), want, rtol=1e-5, atol=1e-4 * (want.abs().max().item() + 1))
-    _check_fused_stack(fused_decode.load_library(fused_path), tiny_model_factory, paged_batcher)
+    _check_fused_stack(lib, tiny_model_factory, paged_batcher)
 
 
 def _check_fused_stack(lib, tiny_model_factory, paged_batcher) -> None:
-    """This build's stack (the linears and attention it calls are the machine's) on 9 decode rows with
-    contexts of 2-10 tokens, against the torch layers."""
+    """This build's stack (with this build's linears and attention) on 9 decode rows with contexts of 2-10 tokens,
+    against the torch layers."""
     model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
     first = model.layers[0]
     kv = [tuple(torch.zeros(32, 4, first.num_kv_heads, first.head_dim) for _ in range(2)) for _ in model.layers]

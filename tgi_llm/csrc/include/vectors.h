@@ -1,13 +1,13 @@
-"""Native-width float vectors for the C kernels, as one C preamble both kernel sources start with.
+/* Native-width float vectors for the C kernels.
 
-`V` holds VL float32 lanes: an AVX-512 or AVX2 register through intrinsics where -march=native has them
-(GCC keeps arrays of its generic vectors, and byte-to-float conversions of them, in memory: 10x slower
-there), a plain 8-lane GCC vector elsewhere, so every kernel also builds and runs on a CPU with neither.
-Kernels are written once against vld / vst / vfma / vset1 / vsum / vexp ... and get the widest vectors the
-CPU has.
-"""
+   `V` holds VL float32 lanes: an AVX-512 or AVX2 register through intrinsics where -march=native has them
+   (GCC keeps arrays of its generic vectors, and byte-to-float conversions of them, in memory: 10x slower
+   there), a plain 8-lane GCC vector elsewhere, so every kernel also builds and runs on a CPU with neither.
+   Kernels are written once against vld / vst / vfma / vset1 / vsum / vexp ... and get the widest vectors the
+   CPU has. */
+#ifndef TGI_VECTORS_H
+#define TGI_VECTORS_H
 
-VECTORS_C = r"""
 #include <stdint.h>
 #include <string.h>
 #if defined(__F16C__) || defined(__AVX2__)
@@ -134,4 +134,5 @@ static inline __attribute__((always_inline)) V vsum_lanes(const V* a) {
     return s;
 #endif
 }
-"""
+
+#endif /* TGI_VECTORS_H */

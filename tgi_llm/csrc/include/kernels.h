@@ -1,0 +1,83 @@
+/* What the kernels share with each other and with Python: the one definition of each struct and enum that
+   crosses the ctypes boundary (mirrored in tgi_llm/native/abi.py, checked against it at load through
+   native_abi in abi.c) and the exported entry points. */
+#ifndef TGI_KERNELS_H
+#define TGI_KERNELS_H
+
+#include <stdint.h>
+
+/* qweight_t.kind: the weight's layout and byte order */
+typedef enum {
+    QW_Q4_GGUF,
+    QW_Q4_X8,
+    QW_Q8,
+    QW_Q4_PANEL,
+    QW_F32,
+    QW_Q8_PANEL,
+    QW_F32_PANEL,
+    QW_BF16_PANEL,
+} qweight_kind_t;
+
+/* Any weight, for quant_apply: the decode kernel below gemm_min rows, the GEMM from there, then the bias */
+typedef struct {
+    int32_t kind; /* qweight_kind_t */
+    int32_t f16; /* scales and mins are float16 (else float32) */
+    int64_t group, N, K;
+    const void *codes, *scales, *mins; /* mins: q4, and q8 when asymmetric (else NULL) */
+    /* QW_F32: codes is the float32 weight [N, K]; no scales or mins */
+    const float* bias; /* [N] or NULL */
+    int64_t bf16_min_rows; /* q4/q8 panels: rows from which the GEMM takes bfloat16 products (0: never) */
+} qweight_t;
+
+/* One decoder layer of the fused stack */
+typedef struct {
+    const qweight_t *qkv, *o, *gate_up, *down;
+    int64_t gemm_min[4]; /* rows from which each of them takes the GEMM (quant/linear.py gemm_min_tokens) */
+    const float *input_norm, *post_norm;
+    float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
+} layer_t;
+
+/* paged_prefill_f32 and its bfloat16 variants */
+typedef int (*prefill_fn)(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                          const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                          const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv,
+                          int64_t D, int64_t BS, float scale, int nthreads);
+
+/* The prompt chunks of a step, as the prefill kernels take them (S = 0: a decode step); `run` is the
+   prefill kernel chosen at load (float32 or bfloat16 products) */
+typedef struct {
+    prefill_fn run;
+    int64_t S;
+    const int64_t *trow, *qstart, *qlen, *klen;
+} prompts_t;
+
+/* quant/linear.c */
+int panel_lanes(void);
+int q8_panel_lanes(void);
+int panel_rows_per_pass(void);
+int amx_usable(void);
+void set_amx_min_rows(int64_t rows, int64_t bf16_rows, int64_t q4_rows);
+void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, int64_t M,
+                 int64_t gemm_min, int nthreads);
+
+/* attention/paged.c */
+void paged_decode_f32(const float* restrict q, const float* restrict kc, const float* restrict vc,
+                      const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
+                      float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
+                      int64_t stride, float scale, int nthreads);
+int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
+                      const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                      const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                      int64_t BS, float scale, int nthreads);
+int has_bf16_prefill(void);
+int has_amx_prefill(void);
+void set_amx_prefill(int on);
+
+/* layer_stack/layer_stack.c */
+int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
+                const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
+                const float* cos, const float* sin, const int64_t* slots, const int32_t* tables, int64_t W,
+                int64_t B, const int32_t* seq_lens, int64_t BS, int64_t stride, float scale, float eps,
+                int nthreads);
+
+#endif /* TGI_KERNELS_H */
