@@ -2,7 +2,7 @@
 
 A decode step streams every weight byte once, so its speed is the memory read rate. From 4 KiB pages that
 is a TLB miss every 4 KiB (138k per token for SmolLM2 in float32), and in a VM each miss walks both the
-guest's and the host's page tables. Measured on a 2-vCPU Zen 4 VM (docs/PERFORMANCE.md item 23): two
+guest's and the host's page tables. Measured on a 2-vCPU Zen 4 VM (docs/CPU_KERNELS.md, "Huge pages and memory"): two
 threads summing 540 MB of float32 read 32.5-48 GB/s from 4 KiB pages and 35-62 GB/s from 2 MiB ones.
 llama.cpp gets the same from its file mapping (the page cache holds its GGUF in huge folios).
 

@@ -9,7 +9,7 @@ reading each chunk's whole context (cached and new tokens) in place through its 
 copy, no mask tensor, and a chunk after cached tokens costs what the same rows of a whole prompt cost.
 Both are in tgi_llm/csrc/attention/paged.c, on the native-width vectors of csrc/include/vectors.h.
 `paged_prefill_bf16`, built only where the CPU has AVX512-BF16, is the prefill kernel with bfloat16 products,
-for models whose linears run in bfloat16 (`--dtype bfloat16`). Numbers in docs/PERFORMANCE.md (items 21, 22, 25, 27).
+for models whose linears run in bfloat16 (`--dtype bfloat16`). docs/CPU_KERNELS.md describes them.
 
 Which prefill is faster can differ by machine (SDPA's flash kernel runs its small GEMMs through MKL, which
 takes no AVX-512 path on AMD CPUs, and is good on AVX2). So the prefill path is measured once at load,

@@ -91,7 +91,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--compare-off", choices=("prefix-caching", "prefill-chunking"), default=None,
                     help="run the workload on two launched servers, the feature on and off, and compare "
                          "(needs --launch; no sweep, in-process engine or transformers baselines)")
-    ap.add_argument("--out-dir", type=Path, default=Path("bench-results/bench"))
+    ap.add_argument("--out-dir", type=Path, default=Path.home() / ".cache" / "tgi_llm" / "bench",
+                    help="raw results (outside the checkout by default)")
     ap.add_argument("--no-progress", dest="progress", action="store_false")
     return ap.parse_args(argv)
 

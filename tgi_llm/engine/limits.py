@@ -14,8 +14,8 @@ DEFAULT_MAX_TOTAL_TOKENS = 4096
 #: With chunking on a CPU: the most prompt tokens one step takes, and the step time it aims for while
 #: streams decode (the longest a running stream then waits for its next token; pacing.py).
 CPU_STEP_TOKENS = 512
-#: 300, not 400, since decode steps got 2x shorter (docs/PERFORMANCE.md, 2026-11-24): at c=32 a 400 ms
-#: prompt-carrying step had become 3.7x the median token wait.
+#: 300 ms bounds a stream's wait while a prompt prefills; 400 ms made a prompt-carrying step several
+#: times the median token wait at 32 streams (docs/PERFORMANCE.md, "What limits each number now").
 CPU_STEP_TARGET_MS = 300
 
 

@@ -1,42 +1,30 @@
 """How many prompt tokens a step may take while other requests are decoding.
 
 Every running stream waits a whole step for its next token, and a step's time grows with the prompt
-tokens it computes. A fixed token budget cannot bound that wait: CPUs differ five-fold in prefill speed
-(AVX2 vs AVX-512, one core vs many). So with a step-time target the budget follows measured costs: a step
-costs what decoding alone costs (the latest steps without prompt tokens) plus a cost per prompt token, and
-the prompt budget is (target - decoding) / (cost per prompt token), never below one block (prompts keep
-moving) and never above `max_batch_prefill_tokens`. With nobody decoding there is no one to stall, and the
-budget is the whole cap (long prompts prefill at full efficiency).
+tokens it computes. A fixed token budget cannot bound that wait, because CPUs differ several-fold in
+prefill speed. So the budget follows measured costs, against a step-time target:
 
-Splitting the two matters: one cost per token over the whole step charged the decodes' fixed share to the
-prompt tokens, most of all after a small chunk (15 decodes + 29 prompt tokens: 131 ms, "4.5 ms per token"),
-so the next steps took ~100 tokens where ~170 fit; served W2 steps averaged 246 ms against a 300 ms target.
+    budget = (target - cost of the decodes) / cost per prompt token
 
-Costs are measured on the whole step (scheduling, forward, streaming the tokens out), since that is what a
-decoding stream waits. The cost per work unit is the median of the last three steps' samples: on a shared
-host one step in a few is slowed from outside (a 300 ms step taking 440-500 ms), and a running average
-that took a dearer sample at once (as this one did) shrank the next steps for nothing (a W4 prompt in the
-peers' harness took 9 steps where 6 are usual). Since costs are counted in work units, a deeper chunk no
-longer shows as a dearer sample, so nothing needs the estimate to rise at once. Replayed over a served
-trace of W1-W4 (`tools/pacer_replay.py`; 257 steps carrying prompt tokens while streams decoded, Xeon, 2
-vCPUs), the median predicted those steps with a mean absolute error of 15 ms against 26 ms for
-rise-at-once-fall-gradually, and over-predicted them (so under-filled them) by > 30 ms in 3.5% of the
-steps against 19.5%; under-predicted by > 100 ms (the host's spikes) stayed at 1.9%. On a second trace (a
-Xeon with AMX, whose tile throughput alternates 3x over seconds: 173 steps of W2 + W4) the median's bias was
--3.7 ms against +22.6 (mean absolute error 43.8 against 48.8 ms; over-predicted by > 30 ms 19.7% against
-38.7%, under-predicted by > 100 ms 8.1% against 4.6%: fuller steps, a few more that overrun).
+never below one block (prompts keep moving) and never above `max_batch_prefill_tokens`. With nobody
+decoding there is no one to stall, and the budget is the whole cap.
 
-Where a chunk sits in its prompt matters too: each of its tokens attends to every token before it, so the
-chunks of a long prompt cost more per token the later they come (SmolLM2, 1,500 tokens: 1.2 ms per token
-at first, 1.75 at the end). With `context_weight` (the attention's cost per token of context over a
-token's linears, from the model's shape) costs are counted in work units, a token at context c being
-1 + context_weight * c units, and the budget is work: a step sized at the end of a long prompt no longer
-makes the next prompt's first steps small (they were 160 tokens where 230 fit), and a chunk far into a
-prompt (or after a long cached prefix) is sized for what it really costs.
+Why it is built this way:
 
-Until a step of decodes alone has been seen, what decoding costs is unknown, and the first samples charge
-it (or, with no decodes, a step's fixed costs) to the prompt tokens: they only overstate. So the first
-sample from a full-sized step whose decodes' cost is known replaces them all.
+- Decodes and prompt tokens are costed separately. One cost per token over the whole step would charge
+  the decodes' fixed share to the prompt tokens and shrink the next steps.
+- Costs are measured on the whole step (scheduling, forward, streaming the tokens out): that is what a
+  decoding stream waits.
+- The cost per work unit is the median of the latest `COST_SAMPLES` steps. On a shared host one step in a
+  few is slowed from outside, and a running average that took such a sample at once shrank the next
+  steps for nothing (`tools/pacer_replay.py` replays a served trace to compare estimators).
+- Costs are counted in work units: a token at context c is 1 + context_weight * c units, where
+  `context_weight` is attention's cost per token of context over a token's linears (from the model's
+  shape). Later chunks of a long prompt attend to more tokens and cost more per token; counting work
+  sizes each chunk for what it costs, and a long prompt's last chunks do not shrink the next prompt's.
+- Until a step of decodes alone has been seen, the first samples charge the decodes' cost to the prompt
+  tokens, so they only overstate. The first sample from a full-sized step whose decodes' cost is known
+  replaces them all.
 """
 
 from __future__ import annotations

@@ -81,12 +81,10 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
-    """The C kernels for float32 linears, or None for oneDNN's packed ones (docs/PERFORMANCE.md items 14
-    and 20). Weights whose rows fill whole panels are held in the panel order, which the C GEMM reads in
-    place: on Zen 4 (AVX-512) at or ahead of oneDNN at every row count from 1 to 512 (16.7 against 23.2 ms
-    for all linears of SmolLM2-135M at one row, 25.5 against 30.1 at 16, equal from 128). Without AVX-512
-    the plain-order kernels already streamed weights 1.2-1.3x faster than oneDNN at 1-4 rows (Zen 3). And
-    they let the fused decode stack take float models. TGI_LLM_FLOAT_LINEARS=onednn keeps oneDNN."""
+    """The C kernels for float32 linears, or None for oneDNN's packed ones. Weights whose rows fill whole
+    panels are held in the panel order, which the C GEMM reads in place: at or ahead of oneDNN at every row
+    count on AVX-512, and faster at decode's few rows without it. They also let the fused decode stack take
+    float models. TGI_LLM_FLOAT_LINEARS=onednn keeps oneDNN."""
     if dtype != torch.float32 or settings().float_linears == "onednn":
         return None
     return quant_kernels()

@@ -44,17 +44,13 @@ from tgi_llm.settings import settings
 logger = logging.getLogger(__name__)
 
 #: Activation rows from which the panel GEMMs run on AMX tiles, where the CPU has them: below, splitting the
-#: weights into bfloat16 parts (once per call) costs more than the tiles save. 128 at item 34; items 43-45 made
-#: the tile GEMM cheaper and the crossover moved to ~72 rows (SmolLM2's linears: equal at 64, tiles 3-7%
-#: faster at 80, 14-18% at 96-112; docs/PERFORMANCE.md, item 46).
+#: weights into bfloat16 parts (once per call) costs more than the tiles save (measured crossover: ~72 rows).
 AMX_MIN_ROWS = 80
-#: The same for bfloat16 weights, the tiles' own operand (nothing to split): SmolLM2's linears at 4 rows
-#: 0.38 -> 0.31 ms, at 16 rows 1.26 -> 0.32 ms; at 1-2 rows a stream of weight bytes either way (item 37).
+#: The same for bfloat16 weights, the tiles' own operand (nothing to split): below 4 rows both are a stream of
+#: weight bytes.
 AMX_BF16_MIN_ROWS = 4
 #: Rows from which (to 16) q4 panel codes take the tile unit below the GEMM (`amx_q4_rows`, whose cost hardly
-#: depends on the rows: they fill one row tile). SmolLM2's layer linears, 2 threads, against the AVX-512
-#: decode kernel, medians alternated in one process, two runs: 12 rows 0.97 / 1.00x, 13 rows 1.03 / 0.98x,
-#: 14 rows 1.25 / 1.01x, 15 rows 1.56 / 1.31x, 16 rows 1.72 / 1.30x (docs/PERFORMANCE.md, item 49).
+#: depends on the rows: they fill one row tile); below 15 rows the AVX-512 decode kernel is as fast.
 AMX_Q4_ROWS_MIN = 15
 
 

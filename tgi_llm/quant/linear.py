@@ -3,7 +3,7 @@ for more.
 
 At decode batch sizes the weights' bytes bound the step and the decode kernel reads each code once per 3
 activation rows. From 8 rows it is compute-bound and converts each code again for every 3 rows; the GEMM
-kernel converts each code once per call (docs/PERFORMANCE.md). Weights whose output rows fill whole
+kernel converts each code once per call. Weights whose output rows fill whole
 panels are held in the kernels' "panel" byte order (formats.py), other q4 weights in "x8" where they can
 be, the rest in the file's order.
 Without the C kernels the weight is dequantized in torch, in row chunks (correct, slower).
@@ -20,24 +20,19 @@ from tgi_llm.native.abi import WeightDesc, WeightKind
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.kernels import quant_kernels, quantized_desc
 
-#: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (docs/PERFORMANCE.md
-#: item 19: all linears of SmolLM2-135M on Zen 3, the two equal at 10 rows, the GEMM 12% slower at 8); the
+#: Activation rows from which the GEMM kernel beats the decode kernel for 4-bit codes (measured crossover): the
 #: decode kernel's cost grows with every 3 rows, the GEMM's dequantization is fixed. Panel-order weights
 #: on AVX-512 take the decode kernel further, up to its rows per pass (gemm_min_tokens).
 GEMM_MIN_TOKENS = 10
-#: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte. In the panel
-#: order (item 20) the two are equal at 15-16 rows on Zen 4; in the file order they were equal at 14 on
-#: Zen 3, the GEMM 51% slower at 8 (item 19).
+#: The same for 8-bit codes, which the decode kernel reads at half the arithmetic per byte.
 Q8_GEMM_MIN_TOKENS = 16
 #: The same for float32 weights in the plain order (rows that do not fill whole panels), which the decode
 #: kernel reads with no conversion and re-reads from L2 for every 4 rows: it beats the GEMM (which copies
-#: and transposes a panel per call) up to ~48 rows (all linears of SmolLM2-135M, Zen 3, item 14).
+#: and transposes a panel per call) up to ~48 rows.
 FLOAT_GEMM_MIN_TOKENS = 48
 #: `--dtype bfloat16` with quantized weights on the CPU (load_model): rows from which the q4/q8 panel GEMM
 #: takes bfloat16 products (each dequantized chunk rounded to bfloat16, as the bfloat16 weights' GEMM reads
-#: them; bit for bit its results). Below, the float32 decode kernels read the codes. SmolLM2's 120 layer
-#: linears, Zen 5, medians of 9, the float32 kernels / the bfloat16 GEMM: 12 rows 8.1 / 9.1 ms, 16 rows
-#: 10.4 / 9.6 (docs/PERFORMANCE.md, item 50).
+#: them; bit for bit its results). Below, the float32 decode kernels read the codes, which is faster there.
 BF16_GEMM_MIN_TOKENS = 16
 
 
@@ -47,14 +42,13 @@ def gemm_min_tokens(desc: WeightDesc) -> int:
     if desc.kind == WeightKind.QW_F32:
         return FLOAT_GEMM_MIN_TOKENS
     if desc.kind == WeightKind.QW_F32_PANEL:
-        return 0  # the GEMM reads it in place: at one row too it streams faster than a decode kernel (item 20)
+        return 0  # the GEMM reads it in place: at one row too it streams faster than a decode kernel
     if desc.kind in (WeightKind.QW_Q8, WeightKind.QW_Q8_PANEL):
         return Q8_GEMM_MIN_TOKENS
     kernels = quant_kernels()
     if desc.kind == WeightKind.QW_Q4_PANEL and kernels is not None:
         # Rows that fit one pass of the panel decode kernel (16 on AVX-512) cost it the GEMM's FMAs without
-        # its dequantized panel: 10 rows 12.3 against 14.7 ms, 12 rows 14.4 against 15.6, 15 rows 20.7
-        # against 23.9, 16 rows 21.4-24.5 against 22.7-26.5 (item 42).
+        # its dequantized panel.
         return max(GEMM_MIN_TOKENS, kernels.rows_per_pass + 1)
     return GEMM_MIN_TOKENS
 

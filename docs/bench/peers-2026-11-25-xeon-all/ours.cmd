@@ -1,1 +1,0 @@
-cd '/tmp/peerclone' && exec bash scripts/serve.sh 
