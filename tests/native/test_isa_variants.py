@@ -14,13 +14,13 @@ import torch
 from tests.native.builds import build_variant, with_march
 from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, cpu_attention_kernels
 from tgi_llm.attention.cpu_kernels import _self_check as attention_self_check
-from tgi_llm.models import fused_decode
+from tgi_llm.models import layer_stack
 from tgi_llm.models.llama import load_model
 from tgi_llm.models.rope import rotary_tables
 from tgi_llm.native.loader import REGISTRY
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import quantize_int4, quantize_int8
-from tgi_llm.quant.kernels import QuantKernels, quant_kernels
+from tgi_llm.quant.kernels import LinearKernels, quant_kernels
 from tgi_llm.quant.modes import Quantization
 
 
@@ -54,7 +54,7 @@ def test_each_instruction_set_builds_and_computes(tmp_path, use_settings, caplog
         family.check(family.make(lib))
     attention = CpuAttentionKernels(lib)
     attention_self_check(attention)
-    kernels = QuantKernels(lib)
+    kernels = LinearKernels(lib)
     for family, value in ((quant_kernels, kernels), (cpu_attention_kernels, attention)):  # the model's load takes them
         monkeypatch.setattr(family, "value", value)
         monkeypatch.setattr(family, "decided", True)
@@ -83,7 +83,7 @@ def _check_fused_stack(lib, tiny_model_factory, paged_batcher) -> None:
     ids, positions, attn = batcher.step([(i, [7 + i]) for i in range(9)])
     hidden = tp_ops.embed(ids, model.embed_quant, model.shard)  # int4 on load: the table is quantized too
     cos, sin = rotary_tables(*model.rotary.cos_sin(positions, None), torch.float32)
-    stack = fused_decode.FusedDecode(lib, model, kv)
+    stack = layer_stack.FusedLayerStack(lib, model, kv)
     got = stack._run(hidden.clone(), cos, sin, attn)
     want = model._layers(hidden, cos, sin, kv, attn)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -163,7 +163,7 @@ def test_bfloat16_without_the_bf16_instructions_gives_the_same_products(avx_gemm
     """The library built without AVX512-BF16 (what a CPU without it runs: shifts and FMAs) against the one
     built for this CPU, on the same bfloat16 weights (its AVX-512 kernel: AMX tiles sum in another order)."""
     try:
-        plain = kernels_mod.QuantKernels(build_variant("kernels_no_bf16", flags=BASE_FLAGS + ("-mno-avx512bf16",)))
+        plain = kernels_mod.LinearKernels(build_variant("kernels_no_bf16", flags=BASE_FLAGS + ("-mno-avx512bf16",)))
     except NativeBuildError:
         pytest.skip("the compiler does not take -mno-avx512bf16")
     gen = torch.Generator().manual_seed(3)

@@ -21,7 +21,7 @@ from tgi_llm.attention import AttentionBackend, prepare_cpu_attention, select_at
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.hugepages import huge_page_bytes, in_huge_pages, weights_in_huge_pages
 from tgi_llm.models.config import ModelConfig
-from tgi_llm.models.fused_decode import FusedDecode, layer_stack_library
+from tgi_llm.models.layer_stack import FusedLayerStack, layer_stack_library
 from tgi_llm.models.rope import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.native.abi import WeightDesc
@@ -35,7 +35,7 @@ from tgi_llm.quant.formats import (
     to_bf16_panels,
     to_panels,
 )
-from tgi_llm.quant.kernels import QuantKernels, dense_desc, quant_kernels
+from tgi_llm.quant.kernels import LinearKernels, dense_desc, quant_kernels
 from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear, gemm_min_tokens
 from tgi_llm.quant.modes import Quantization
 from tgi_llm.settings import settings
@@ -80,7 +80,7 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def float_linear_kernels(dtype: torch.dtype) -> QuantKernels | None:
+def float_linear_kernels(dtype: torch.dtype) -> LinearKernels | None:
     """The C kernels for float32 linears, or None for oneDNN's packed ones. Weights whose rows fill whole
     panels are held in the panel order, which the C GEMM reads in place: at or ahead of oneDNN at every row
     count on AVX-512, and faster at decode's few rows without it. They also let the fused decode stack take
@@ -101,7 +101,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.packed: torch.Tensor | None = None
-        self.kernels: QuantKernels | None = None
+        self.kernels: LinearKernels | None = None
         #: Output rows per panel when `weight` holds its elements in the kernels' panel order (0: row-major).
         self.panel_lanes = 0
         self._desc: WeightDesc | None = None
@@ -111,7 +111,7 @@ class Linear(nn.Module):
         w = self.weight
         return w.dtype == torch.float32 and w.device.type == "cpu" and w.shape[1] % 16 == 0
 
-    def use_kernels(self, kernels: QuantKernels, weight_dtype: torch.dtype = torch.float32) -> None:
+    def use_kernels(self, kernels: LinearKernels, weight_dtype: torch.dtype = torch.float32) -> None:
         """Run through the C float32 kernels (after `fits_kernels`), in the panel order (rearranged in
         place: the GEMM reads it as it is) where the rows fill whole panels. With `weight_dtype` bfloat16
         such a weight is held rounded to bfloat16, in the bfloat16 panel order (quant/kernels.py)."""
@@ -228,8 +228,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_packed: torch.Tensor | None = None  # see prepare_cpu_linears
         self.lm_head_desc: WeightDesc | None = None  # the float head through the C kernels
         self.lm_head_panel_lanes = 0  # the float head (and a tied embedding table) in the panel order
-        self.float_kernels: QuantKernels | None = None
-        self._fused: tuple[list, FusedDecode | None] | None = None  # (the caches it was made for, it)
+        self.float_kernels: LinearKernels | None = None
+        self._fused: tuple[list, FusedLayerStack | None] | None = None  # (the caches it was made for, it)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -309,7 +309,7 @@ class LlamaForCausalLM(nn.Module):
         else:
             table = self.embed_quant if self.embed_quant is not None else self.embed_tokens
             hidden = tp_ops.embed(input_ids, table, self.shard).to(self.dtype)
-        fused = self._fused_decode(kv_caches)
+        fused = self._layer_stack(kv_caches)
         if fused is not None and fused.takes(attn, input_ids.shape[0]):
             return fused.run(hidden, cos, sin, attn, lambda: self._layers(hidden, cos, sin, kv_caches, attn))
         return self._layers(hidden, cos, sin, kv_caches, attn)
@@ -324,10 +324,10 @@ class LlamaForCausalLM(nn.Module):
         """Forget the fused stack, which holds the K/V caches it was made for: the runner's close frees them."""
         self._fused = None
 
-    def _fused_decode(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> FusedDecode | None:
-        """The C layer stack (fused_decode.py), made for these caches on first use."""
+    def _layer_stack(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> FusedLayerStack | None:
+        """The C layer stack (layer_stack.py), made for these caches on first use."""
         if self._fused is None or self._fused[0] is not kv_caches:
-            self._fused = (kv_caches, FusedDecode.build(self, kv_caches))
+            self._fused = (kv_caches, FusedLayerStack.build(self, kv_caches))
         fused = self._fused[1]
         return fused if fused is not None and fused.agrees is not False else None
 

@@ -88,7 +88,7 @@ def dense_desc(weight: torch.Tensor, bias: torch.Tensor | None = None, panel: bo
     return WeightDesc(kind, 0, k, n, k, weight.data_ptr(), None, None, _ptr(bias))
 
 
-class QuantKernels:
+class LinearKernels:
     """The linears of a loaded kernels library (tgi_llm.native)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
@@ -132,7 +132,7 @@ class QuantKernels:
         return self.apply(x, quantized_desc(w), 0, out)
 
 
-def _self_check(kernels: QuantKernels) -> None:
+def _self_check(kernels: LinearKernels) -> None:
     """Every layout and scale dtype on small odd shapes against the torch reference: a library that loads
     but computes wrong (a miscompile, a stale cache) must not serve requests."""
     from tgi_llm.quant.formats import quantize_int4, quantize_int8
@@ -179,7 +179,7 @@ def _self_check(kernels: QuantKernels) -> None:
             raise RuntimeError(f"{qw.source} gemm with bfloat16 products disagrees with torch")
 
 
-def _self_check_amx(kernels: QuantKernels) -> None:
+def _self_check_amx(kernels: LinearKernels) -> None:
     """The same checks with every GEMM on the tile unit; a failure turns AMX off, not the kernels."""
     kernels.set_amx_min_rows(1)
     try:
@@ -191,7 +191,7 @@ def _self_check_amx(kernels: QuantKernels) -> None:
         kernels.set_amx_min_rows(AMX_MIN_ROWS if kernels.amx else 0)
 
 
-def _check(kernels: QuantKernels) -> str:
+def _check(kernels: LinearKernels) -> str:
     """Every layout against torch (and again on the tile unit, where a failure turns AMX off, not the kernels)."""
     _self_check(kernels)
     if kernels.amx:
@@ -205,4 +205,4 @@ def _check(kernels: QuantKernels) -> str:
 #: The compiled kernels, or None where they can't be built, load or pass their self-check, or are switched off
 #: with TGI_LLM_QUANT_KERNELS=0. Decided once per process and logged once.
 quant_kernels = CheckedKernels("quantized linears", "TGI_LLM_QUANT_KERNELS", lambda: settings().quant_kernels,
-                               QuantKernels, _check)
+                               LinearKernels, _check)

@@ -37,7 +37,7 @@ from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
 
-#: The layer stack of the kernels library, checked on the live model at its first step of each kind (FusedDecode);
+#: The layer stack of the kernels library, checked on the live model at its first step of each kind (FusedLayerStack);
 #: TGI_LLM_FUSED_DECODE=0 is asked per model (_why_not).
 layer_stack_library = CheckedKernels("fused decode", "TGI_LLM_FUSED_DECODE", lambda: True, lambda lib: lib,
                                      lambda _lib: "layer stack loaded")
@@ -71,7 +71,7 @@ def _why_not(model, kv_caches) -> str | None:
     return None
 
 
-class FusedDecode:
+class FusedLayerStack:
     """The C layer stack for one model and one set of K/V caches. It holds raw pointers into both: its owner
     (the model) keeps them alive, and drops it with the caches (LlamaForCausalLM.release_caches)."""
 
@@ -105,7 +105,7 @@ class FusedDecode:
         self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
 
     @classmethod
-    def build(cls, model, kv_caches) -> FusedDecode | None:
+    def build(cls, model, kv_caches) -> FusedLayerStack | None:
         reason = _why_not(model, kv_caches)
         lib = layer_stack_library() if reason is None else None
         if lib is None:

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from tgi_llm.models.fused_decode import FusedDecode
+from tgi_llm.models.layer_stack import FusedLayerStack
 from tgi_llm.models.llama import load_model
 from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, Q8_GEMM_MIN_TOKENS
 from tgi_llm.quant.modes import Quantization
@@ -64,7 +64,7 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
         decode_steps += attn.is_pure_decode
     stack = fused._fused[1]
-    assert isinstance(stack, FusedDecode) and stack.agrees is True  # it ran (and its first steps were checked)
+    assert isinstance(stack, FusedLayerStack) and stack.agrees is True  # it ran (and its first steps were checked)
     assert stack.checked == {"decode", "mixed"}
     assert reference._fused[1] is None
     for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):  # the K/V it wrote, in the same slots
@@ -84,8 +84,8 @@ def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batche
         calls.append(hidden.shape[0])
         return torch.zeros_like(hidden)
 
-    monkeypatch.setattr(FusedDecode, "_run", wrong)
-    with caplog.at_level(logging.WARNING, logger="tgi_llm.models.fused_decode"):
+    monkeypatch.setattr(FusedLayerStack, "_run", wrong)
+    with caplog.at_level(logging.WARNING, logger="tgi_llm.models.layer_stack"):
         first = _forward(model, kv, batcher.step([(0, [8])]))
     assert calls == [1] and first.abs().sum() > 0  # checked, and the torch result served
     assert any("disagrees" in m for m in caplog.messages)
@@ -129,7 +129,7 @@ def test_a_step_with_a_decode_after_a_prompt_chunk_keeps_the_torch_layers(tiny_m
     stack = model._fused[1]
     assert stack.checked == {"decode", "mixed"}
     calls = []
-    monkeypatch.setattr(FusedDecode, "_run", lambda self, *a: calls.append(1))
+    monkeypatch.setattr(FusedLayerStack, "_run", lambda self, *a: calls.append(1))
     ids, positions, attn = batcher.step([(2, [3, 4, 5]), (0, [12])])  # the decode comes second
     got = model(ids, positions, kv, attn)
     use_settings(fused_decode=False)
