@@ -42,6 +42,15 @@ def use_settings() -> Iterator[Callable[..., None]]:
 
 
 @pytest.fixture(scope="session")
+def stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """One real launched server with all three fronts (gateway HTTP/gRPC, TGI/OpenAI front) for every test
+    that needs them (tests/front, tests/fuzz): loading costs ~20-40 s."""
+    from tests.front.stack import launch_stack
+
+    yield from launch_stack(default_model_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def default_model_dir() -> Path:
     """The real default model (SmolLM2-135M-Instruct), converted from its GGUF once and then reused
     from the cache ($TGI_LLM_CACHE, else ~/.cache/tgi_llm)."""

@@ -154,3 +154,10 @@ def test_with_truncate_only_the_prompts_end_is_tokenized_and_kept_tokens_match(c
     whole = tokenizer.tokenizer(prompt, add_special_tokens=True)["input_ids"]
     assert list(got.input_ids) == whole[-50:]
     assert got.input_text == prompt  # return_full_text still returns the whole prompt
+
+
+def test_tiny_temperatures_and_repetition_penalties_are_clamped_not_divided_by(validator):
+    """The sampler divides logits by both: over 1e-38 a float32 logit is infinite and the distribution NaN."""
+    request = validator.validate("hi", {"temperature": 1e-38, "repetition_penalty": 1e-38})
+    assert request.sampling.temperature == 1e-5 and request.sampling.repetition_penalty == 1e-5
+    assert validator.validate("hi", {"temperature": 0.5}).sampling.temperature == 0.5

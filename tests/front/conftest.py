@@ -16,7 +16,6 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from tests.front.fake_client import FakeTritonClient  # noqa: E402
-from tests.front.stack import Stack, launch_stack  # noqa: E402
 from tgi_llm.front.app import create_app  # noqa: E402
 from tgi_llm.front.config import FrontConfig  # noqa: E402
 
@@ -76,9 +75,3 @@ def live(fake: FakeTritonClient, front_tokenizer: Any, request: pytest.FixtureRe
     app = create_app(FrontConfig(model_id=MODEL_ID), fake, front_tokenizer)
     for url in serve_in_thread(app):
         yield LiveServer(url, fake)
-
-
-@pytest.fixture(scope="session")
-def stack(default_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """One real launched server for every integration test of the front (loading costs ~20-40 s)."""
-    yield from launch_stack(default_model_dir, tmp_path_factory)

@@ -90,11 +90,24 @@ def test_load_json_refuses_non_finite_numbers_naming_where(body, field):
     (b'{"inputs": "a\\ud800b"}', "inputs"),
     (b'{"messages": [{"role": "user", "content": "\\udfff"}]}', "messages.0.content"),
     (b'{"stop": ["ok", "\\ud83d"]}', "stop.1"),
-    (b'{"\\ud800": 1}', "body"),
 ])
 def test_load_json_refuses_lone_surrogates_naming_where(body, field):
     with pytest.raises(BadJson, match=f"`{re.escape(field)}` holds a lone UTF-16 surrogate"):
         load_json(body)
+
+
+def test_a_key_with_a_lone_surrogate_is_refused_naming_its_object():
+    with pytest.raises(BadJson, match="^a key of `parameters` holds a lone UTF-16 surrogate"):
+        load_json(b'{"parameters": {"\\ud800": 1}}')
+    # Python's parser reads an encoded surrogate (invalid UTF-8) as a lone surrogate: the message stays text.
+    with pytest.raises(BadJson, match="^a key of `body` holds a lone UTF-16 surrogate") as info:
+        load_json(b'{"\xed\xa0\x80": NaN}')
+    str(info.value).encode("utf-8")
+
+
+def test_an_empty_key_is_named_as_such():
+    with pytest.raises(BadJson, match='^`a."".0` must be a finite number'):
+        load_json(b'{"a": {"": [NaN]}}')
 
 
 def test_load_json_keeps_valid_unicode_and_surrogate_pairs():

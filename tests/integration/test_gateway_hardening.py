@@ -194,3 +194,12 @@ def test_bytes_tensors_that_are_not_utf8_get_invalid_argument_naming_the_input(s
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"`{name}`" in info.value.details() and "UTF-8" in info.value.details()
     assert "Traceback" not in server.log_path.read_bytes()[log_size:].decode(errors="replace")
+
+
+@pytest.mark.parametrize("stream", [True, [True]])
+def test_generate_asked_to_stream_is_a_400_pointing_to_generate_stream(server, stream):
+    """Triton answered 200 with an error body ("generate expects model to produce exactly 1 response"): the
+    fuzzer found it."""
+    status, body = http_generate(server, {"text_input": "Hello", "max_tokens": 2, "stream": stream})
+    assert status == 400 and "`stream`" in body["error"] and "generate_stream" in body["error"]
+    assert http_generate(server, {"text_input": "Hello", "max_tokens": 2})[0] == 200

@@ -60,3 +60,13 @@ def test_a_grammar_that_cannot_be_followed_is_refused_not_answered(server):
                                           "grammar": json.dumps({"type": "json", "value": {"$ref": "#"}})})
     assert status == 400 and "`grammar` cannot be followed" in body["error"]
     assert grpc_generate(server, "Hello", max_tokens=2).finals[-1] is True  # still serving
+
+
+@pytest.mark.parametrize("name", ["temperature", "repetition_penalty"])
+def test_a_tiny_positive_divisor_gives_finite_logprobs(server, name):
+    """Found by the fuzzer: temperature 1.2e-38 made every logit infinite, and the answer carried NaN."""
+    status, body = http_generate(server, {"text_input": "Hello", "max_tokens": 3, "details": True,
+                                          name: 1.1754943508222875e-38})
+    assert status == 200, body
+    logprobs = body["token_logprobs"] if isinstance(body["token_logprobs"], list) else [body["token_logprobs"]]
+    assert all(isinstance(x, float) and x == x and x <= 0 for x in logprobs), body

@@ -13,6 +13,10 @@ from tgi_llm.errors import ValidationError
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
 
 _U64_MAX = 2**64 - 1
+#: The smallest temperature and repetition penalty used: the sampler divides logits by them, and a float32
+#: logit over a tinier positive number (1e-38) is infinite, so the distribution became NaN. Below this both
+#: already act at their limit (greedy; every seen token first).
+_MIN_DIVISOR = 1e-5
 
 
 def _number(params: Mapping[str, Any], name: str) -> float | None:
@@ -220,7 +224,8 @@ class Validator:
         seed = _integer(params, "seed")
         if seed is not None and not 0 <= seed <= _U64_MAX:
             raise ValidationError(f"`seed` must be >= 0 and <= {_U64_MAX}. Given: {seed}")
-        temperature = 1.0 if temperature is None else temperature
+        temperature = 1.0 if temperature is None else max(temperature, _MIN_DIVISOR)
+        repetition_penalty = 1.0 if repetition_penalty is None else max(repetition_penalty, _MIN_DIVISOR)
         top_p = 1.0 if top_p is None else top_p
         typical_p = 1.0 if typical_p is None else typical_p
         top_k = top_k or 0
@@ -232,7 +237,7 @@ class Validator:
             top_k=top_k,
             top_p=top_p,
             typical_p=typical_p,
-            repetition_penalty=1.0 if repetition_penalty is None else repetition_penalty,
+            repetition_penalty=repetition_penalty,
             frequency_penalty=0.0 if frequency_penalty is None else frequency_penalty,
             presence_penalty=0.0 if presence_penalty is None else presence_penalty,
             seed=random.getrandbits(64) if seed is None else seed,

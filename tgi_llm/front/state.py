@@ -87,5 +87,5 @@ def parse_body(raw: bytes, model: type[M]) -> M:
     except PydanticValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
-        detail = f"{where}: {first['msg']}" if where else first["msg"]
+        detail = f"`{where}`: {first['msg']}" if where else first["msg"]
         raise FrontError(f"Failed to deserialize the JSON body into the target type: {detail}", "validation") from None

@@ -134,26 +134,34 @@ def check_json(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
         else:
             continue
         if len(path) >= max_depth:
-            raise BadJson(f"JSON body nested deeper than {max_depth} levels")
+            raise BadJson(f"JSON body nested deeper than {max_depth} levels (in `{_where(path[:1])}`)")
         for key, child in children:
+            if isinstance(key, str) and not _encodes(key):  # before its value's check, whose message names it
+                raise BadJson(f"a key of `{_where(path)}` holds a lone UTF-16 surrogate, which is not valid Unicode")
             if isinstance(child, (dict, list)):
                 stack.append((child, (*path, key)))
             else:  # the path is built only for an error: a list of 100,000 token ids stays cheap
                 _check_scalar(child, path, key)
-            if isinstance(key, str):
-                _check_scalar(key, path)
 
 
 def _check_scalar(item: Any, path: tuple[Any, ...], key: Any = None) -> None:
     if isinstance(item, float) and not math.isfinite(item):
         raise BadJson(f"`{_where(path, key)}` must be a finite number. Given: {item}")
-    if isinstance(item, str) and not item.isascii():
-        try:
-            item.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BadJson(f"`{_where(path, key)}` holds a lone UTF-16 surrogate, which is not valid Unicode") from None
+    if isinstance(item, str) and not _encodes(item):
+        raise BadJson(f"`{_where(path, key)}` holds a lone UTF-16 surrogate, which is not valid Unicode")
+
+
+def _encodes(text: str) -> bool:
+    """Whether `text` is valid Unicode (encodes as UTF-8): not when it holds a lone surrogate."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _where(path: tuple[Any, ...], key: Any = None) -> str:
     parts = path if key is None else (*path, key)
-    return ".".join(str(part) for part in parts) or "body"
+    return ".".join(str(part) or '""' for part in parts) or "body"

@@ -24,9 +24,14 @@ _CONTENTS = {"TYPE_STRING": ("BYTES", "bytes_contents"), "TYPE_BOOL": ("BOOL", "
              "TYPE_UINT64": ("UINT64", "uint64_contents"), "TYPE_FP32": ("FP32", "fp32_contents")}
 
 
+def streams(body: dict[str, Any]) -> bool:
+    """Whether the body asks for a response per token (`stream` true, as a value or a one-element list)."""
+    return body.get("stream") in (True, [True])
+
+
 def wants_single_response(action: str, body: dict[str, Any]) -> bool:
     """Whether Triton answers this generate body with one response at the end (nothing written before)."""
-    return action in ("generate", "generate_stream") and body.get("stream") is not True
+    return action in ("generate", "generate_stream") and not streams(body)
 
 
 def to_request(body: dict[str, Any], model: str, inputs: list[tuple[str, str, list[int]]] = INPUTS

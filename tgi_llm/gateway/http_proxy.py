@@ -27,7 +27,7 @@ from tgi_llm.gateway.api_key import TRITON_GRPC_AUTHORIZATION, UNAUTHORIZED, Api
 from tgi_llm.gateway.body import BadJson, PayloadTooLarge, load_json
 from tgi_llm.gateway.disconnect import until_disconnect
 from tgi_llm.gateway.generate_body import BadBody, check_generate_body
-from tgi_llm.gateway.generate_grpc import to_json, to_request, wants_single_response
+from tgi_llm.gateway.generate_grpc import streams, to_json, to_request, wants_single_response
 from tgi_llm.gateway.statuses import grpc_error, http_error, unavailable_message
 
 logger = logging.getLogger("tgi_llm.gateway")
@@ -205,6 +205,9 @@ class GatewayApp:
         if infer["model"] != self.model:
             return None
         check_generate_body(parsed)
+        if infer["action"] == "generate" and streams(parsed):  # Triton would answer 200 with an error body
+            raise BadBody("`stream`: true sends a response per token, which `generate` cannot answer: use "
+                          "generate_stream")
         return parsed
 
     async def _single_response(self, scope: Scope, receive: Receive, send: Send, action: str,
