@@ -165,3 +165,18 @@ def test_completions_best_of_draws_that_many_candidates_and_returns_the_best(sta
         with pytest.raises(openai.BadRequestError) as info:
             client.completions.create(model="m", prompt="Once upon a time", max_tokens=4, **kwargs)
         assert info.value.param == "best_of"
+
+
+def test_top_tokens_the_sampler_ruled_out_are_no_infinite_logprobs(stack: Stack) -> None:
+    """Found by the fuzzer: a top_n_tokens alternative that top_k or a grammar ruled out had logprob -inf: a 500
+    (`Out of range float values are not JSON compliant`) on /generate, `-Infinity` in /generate_stream."""
+    body = {"inputs": "0", "parameters": {"details": True, "top_n_tokens": 2, "top_k": 1, "max_new_tokens": 2}}
+    r = httpx.post(stack.front + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert [len(top) for top in r.json()["details"]["top_tokens"]] == [1, 1]
+    r = httpx.post(stack.front + "/generate_stream", json=body, timeout=120)
+    assert r.status_code == 200 and "Infinity" not in r.text and "NaN" not in r.text, r.text
+    chat = {"messages": [{"role": "user", "content": "0"}], "max_tokens": 1, "logprobs": True, "top_logprobs": 3,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": ["x"]}}}}
+    r = httpx.post(stack.front + "/v1/chat/completions", json=chat, timeout=120)
+    assert r.status_code == 200 and "Infinity" not in r.text, r.text

@@ -70,3 +70,20 @@ def test_a_tiny_positive_divisor_gives_finite_logprobs(server, name):
     assert status == 200, body
     logprobs = body["token_logprobs"] if isinstance(body["token_logprobs"], list) else [body["token_logprobs"]]
     assert all(isinstance(x, float) and x == x and x <= 0 for x in logprobs), body
+
+
+def test_top_tokens_the_sampler_ruled_out_are_left_out_not_sent_as_infinity(server):
+    """Found by the fuzzer: with top_k 1 the second alternative had logprob -inf, and Triton wrote
+    `-Infinity`, which is no JSON. Ruled-out alternatives are left out: top_k 1 leaves one."""
+    request = urllib.request.Request(
+        f"{server.http}/v2/models/{MODEL}/generate", method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"text_input": "0", "max_tokens": 1, "top_k": 1, "top_n_tokens": 2}).encode())
+    with urllib.request.urlopen(request, timeout=RESPONSE_TIMEOUT_S) as r:
+        raw = r.read()
+
+    def refuse(token):
+        raise AssertionError(f"{token} in {raw!r}")
+
+    body = json.loads(raw, parse_constant=refuse)
+    ids = body["top_token_ids"] if isinstance(body["top_token_ids"], list) else [body["top_token_ids"]]
+    assert len(ids) == 1 and ids[0] >= 0, body

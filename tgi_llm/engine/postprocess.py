@@ -3,6 +3,7 @@ sequence. Reads sequences only; `Scheduler.update` is what advances them."""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -53,7 +54,10 @@ class Postprocessor:
         )
 
     def _top(self, top: tuple[list[int], list[float]]) -> list[Token]:
-        return [Token(i, self._piece(i), lp, i in self.special_ids) for i, lp in zip(*top, strict=True)]
+        """The alternatives the sampler could have drawn: one that top_k, a grammar or a held end-of-sequence
+        ruled out has logprob -inf, which is no alternative (and no JSON number)."""
+        return [Token(i, self._piece(i), lp, i in self.special_ids) for i, lp in zip(*top, strict=True)
+                if math.isfinite(lp)]
 
     def _prefill_tokens(self, seq: Sequence) -> list[PrefillToken]:
         lps: list[float | None] = [None, *seq.prompt_logprobs]

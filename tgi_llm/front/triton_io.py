@@ -20,6 +20,7 @@ from tgi_llm.triton.outputs import (  # the names the model's responses use
     NUM_CACHED,
     NUM_INPUT,
     NUM_OUTPUT,
+    PAD_ID,
     PREFILL_IDS,
     PREFILL_LOGPROBS,
     PREFILL_TEXTS,
@@ -159,7 +160,7 @@ def _top_tokens(result: InferResult, names: tuple[str, str, str] = (TOP_IDS, TOP
                 _text(texts[r, c]) if texts is not None else "",
                 float(lps[r, c]) if lps is not None else None,
             )
-            for c in range(ids.shape[1])
+            for c in range(ids.shape[1]) if ids[r, c] != PAD_ID  # a row shorter than top_n_tokens
         ]
         for r in range(ids.shape[0])
     ]

@@ -25,6 +25,8 @@ TOKEN_IDS = "token_ids"
 TOKEN_TEXTS = "token_texts"
 TOKEN_LOGPROBS = "token_logprobs"
 TOKEN_SPECIAL = "token_special"
+#: The id of a top-token padding entry (see _top_tokens).
+PAD_ID = -1
 TOP_IDS = "top_token_ids"
 TOP_TEXTS = "top_token_texts"
 TOP_LOGPROBS = "top_token_logprobs"
@@ -51,13 +53,14 @@ def _tokens(tokens: Sequence[Token]) -> Outputs:
 
 def _top_tokens(rows: Sequence[Sequence[Token]], names: tuple[str, str, str] = (TOP_IDS, TOP_TEXTS, TOP_LOGPROBS)
                 ) -> Outputs:
-    """[tokens, n] arrays; rows are as wide as the widest one (padding never happens in practice:
-    the engine returns exactly top_n_tokens alternatives per step)."""
+    """[tokens, n] arrays; rows are as wide as the widest one. A step whose sampler ruled out some of the
+    top_n_tokens alternatives (top_k, a grammar) has fewer: its row is padded with id -1, empty text and the
+    lowest float32 as logprob (a JSON number, unlike NaN or -inf)."""
     width = max((len(r) for r in rows), default=0)
     if not rows or width == 0:
         return {}
-    ids = np.full((len(rows), width), -1, dtype=np.int64)
-    lps = np.full((len(rows), width), np.nan, dtype=np.float32)
+    ids = np.full((len(rows), width), PAD_ID, dtype=np.int64)
+    lps = np.full((len(rows), width), np.finfo(np.float32).min, dtype=np.float32)
     texts = np.full((len(rows), width), b"", dtype=np.object_)
     for r, row in enumerate(rows):
         for c, t in enumerate(row):
