@@ -71,6 +71,15 @@ def _stop_sequences(params: Mapping[str, Any], limit: int) -> tuple[str, ...]:
 _TRUNCATE_MARGIN_TOKENS = 16
 
 
+def too_long(name: str, chars: int, limit: int, max_token_chars: int, what: str = "characters") -> str | None:
+    """Why a text of `chars` characters is refused before it is tokenized (None: it may fit): more characters
+    than `limit` tokens of at most `max_token_chars` characters each can hold."""
+    if chars <= limit * max_token_chars:
+        return None
+    return (f"`{name}` must have less than {limit} tokens. Given: {chars} {what}, more than {limit} tokens of at "
+            f"most {max_token_chars} characters each can hold")
+
+
 def longest_token_chars(tokenizer: Any) -> int | None:
     """An upper bound on the characters one token covers: the longest vocabulary entry (byte-level BPE
     spells each byte as one character, SentencePiece a space as one), so a prompt of n characters has at
@@ -178,11 +187,9 @@ class Validator:
             keep = (truncate + _TRUNCATE_MARGIN_TOKENS) * self.max_token_chars
             return inputs if len(inputs) <= keep else inputs[-keep:]
         limit = self.limits.max_input_tokens
-        if len(inputs) > limit * self.max_token_chars:
-            raise ValidationError(
-                f"`inputs` must have less than {limit} tokens. Given: {len(inputs)} characters, more than {limit} "
-                f"tokens of at most {self.max_token_chars} characters each can hold"
-            )
+        refusal = too_long("inputs", len(inputs), limit, self.max_token_chars)
+        if refusal is not None:
+            raise ValidationError(refusal)
         return inputs
 
     def _input_ids(self, inputs: str | Sequence[int]) -> tuple[str | None, list[int]]:

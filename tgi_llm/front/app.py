@@ -11,11 +11,12 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from tgi_llm.front import openai_routes, tgi_routes
 from tgi_llm.front.config import FrontConfig
-from tgi_llm.front.errors import FrontError, UnhandledErrors
+from tgi_llm.front.errors import FrontError, report_unhandled, unhandled_answer
 from tgi_llm.front.protocol import TritonGenerateClient
 from tgi_llm.front.state import FrontState
 from tgi_llm.gateway.api_key import ApiKey
 from tgi_llm.gateway.body import BodyLimit, PayloadTooLarge
+from tgi_llm.gateway.unhandled import UnhandledErrors
 
 
 def _api_key_check(config: FrontConfig):
@@ -76,7 +77,7 @@ def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any
     guarded.include_router(openai_routes.build_router(state))
     app.include_router(_public_router(state))
     app.include_router(guarded)
-    app.add_middleware(UnhandledErrors)
+    app.add_middleware(UnhandledErrors, answer=unhandled_answer, report=report_unhandled)
     # Outermost: a body over --payload-limit is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=config.payload_limit, too_large=_too_large)
     return app

@@ -7,9 +7,8 @@ import logging
 import re
 
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from tgi_llm.gateway.body import PayloadTooLarge
 from tgi_llm.triton.status import GRPC_STATUS, split_error_tag
 
 logger = logging.getLogger("tgi_llm.front")
@@ -132,33 +131,13 @@ def _looks_like_validation(message: str) -> bool:
     return message.startswith("`") or any(marker in message for marker in _VALIDATION_MARKERS)
 
 
-class UnhandledErrors:
-    """ASGI middleware: an exception no route turned into an error answers a JSON 500 in the route's API
-    shape and logs one line. (Starlette's handler for Exception re-raises it, and the server logs ~80 lines.)"""
+def report_unhandled(scope: Scope, exc: Exception) -> None:
+    """One log line for an exception no route turned into an error (tgi_llm.gateway.unhandled)."""
+    # %r: the message on one line, any lone surrogate escaped (a raw one breaks the log handler).
+    logger.error("%s %s failed: %s: %r", scope["method"], scope["path"], type(exc).__name__, str(exc)[:500])
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, tracked)
-        except PayloadTooLarge:  # BodyLimit, outside, answers it
-            raise
-        except Exception as exc:
-            # %r: the message on one line, any lone surrogate escaped (a raw one breaks the log handler).
-            logger.error("%s %s failed: %s: %r", scope["method"], scope["path"], type(exc).__name__, str(exc)[:500])
-            if started:  # the status is sent: the server ends the connection, the body cut short
-                return
-            err = FrontError(f"Internal server error ({type(exc).__name__})", "internal")
-            response = err.openai_response() if scope["path"].startswith("/v1/") else err.response()
-            await response(scope, receive, send)
+def unhandled_answer(scope: Scope, exc: Exception) -> JSONResponse:
+    """A JSON 500 in the route's API shape."""
+    err = FrontError(f"Internal server error ({type(exc).__name__})", "internal")
+    return err.openai_response() if scope["path"].startswith("/v1/") else err.response()

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticValidationError
 from starlette.requests import Request
 
-from tgi_llm.engine.validation import longest_token_chars
+from tgi_llm.engine.validation import longest_token_chars, too_long
 from tgi_llm.front.config import FrontConfig
 from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.protocol import GenerateSpec, TritonGenerateClient
@@ -60,10 +60,11 @@ class FrontState:
         """Refuse text too long to be a prompt before anything tokenizes or renders it: more characters than
         max_input_tokens tokens of the vocabulary's longest entry can hold (the engine's own bound)."""
         limit = self.config.limits.max_input_tokens
-        if limit is None or self.max_token_chars is None or chars <= limit * self.max_token_chars:
+        if limit is None or self.max_token_chars is None:
             return
-        raise validation(f"`{name}` must have less than {limit} tokens. Given: {chars} {what}, more than "
-                         f"{limit} tokens of at most {self.max_token_chars} characters each can hold")
+        refusal = too_long(name, chars, limit, self.max_token_chars, what)
+        if refusal is not None:
+            raise validation(refusal)
 
     def spec(self, inputs: str | list[int], parameters: dict[str, Any], stream: bool) -> GenerateSpec:
         """A request for Triton, its `stop` list bounded here (as TGI's validation words it) so an oversized

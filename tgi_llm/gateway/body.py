@@ -13,6 +13,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tgi_llm.gateway.tracked_send import TrackedSend
+
 #: TGI's --payload-limit default.
 DEFAULT_PAYLOAD_LIMIT = 2_000_000
 #: Deeper JSON is refused before anything else reads it (Triton's parser recurses once per level).
@@ -90,17 +92,11 @@ class BodyLimit:
             await drain(receive)
             await self.too_large(PayloadTooLarge(self.limit))(scope, receive, send)
             return
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        tracked = TrackedSend(send)
         try:
-            await self.app(scope, limited_receive(receive, self.limit), tracking_send)
+            await self.app(scope, limited_receive(receive, self.limit), tracked)
         except PayloadTooLarge as exc:
-            if started:
+            if tracked.started:
                 raise
             await drain(receive)
             await self.too_large(exc)(scope, receive, send)

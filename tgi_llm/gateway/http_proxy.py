@@ -7,7 +7,7 @@ here whatever the headers (tritonserver also wants the launcher's secret for the
 them; compressed bodies are refused (Triton would inflate them past any limit). A client that goes
 away cancels its generation: a streamed one when its upstream request is closed, a non-streamed generate
 when its gRPC call is (it goes over gRPC for that: generate_grpc.py). An error of the gateway itself is one
-log line and a 500 JSON answer (`_answering_errors`), never a request left hanging.
+log line and a 500 JSON answer (unhandled.py), never a request left hanging.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 import httpx
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from tritonclient.grpc import service_pb2
 
 from tgi_llm.gateway.api_key import TRITON_GRPC_AUTHORIZATION, UNAUTHORIZED, ApiKey
@@ -29,6 +29,7 @@ from tgi_llm.gateway.disconnect import until_disconnect
 from tgi_llm.gateway.generate_body import BadBody, check_generate_body
 from tgi_llm.gateway.generate_grpc import streams, to_json, to_request, wants_single_response
 from tgi_llm.gateway.statuses import grpc_error, http_error, unavailable_message
+from tgi_llm.gateway.unhandled import UnhandledErrors
 
 logger = logging.getLogger("tgi_llm.gateway")
 
@@ -64,11 +65,25 @@ async def send_body(send: Send, status: int, content_type: bytes, payload: bytes
     await send({"type": "http.response.body", "body": payload})
 
 
-def too_large_app(exc: PayloadTooLarge) -> Any:
+def json_app(status: int, body: dict[str, Any]) -> ASGIApp:
+    """An ASGI app that answers `body` with `status`."""
+
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 413, {"error": str(exc)})
+        await send_json(send, status, body)
 
     return app
+
+
+def too_large_app(exc: PayloadTooLarge) -> ASGIApp:
+    return json_app(413, {"error": str(exc)})
+
+
+def _internal_error(_scope: Scope, exc: Exception) -> ASGIApp:
+    return json_app(500, {"error": f"Internal error in the gateway: {type(exc).__name__}: {exc}"})
+
+
+def _report_error(scope: Scope, exc: Exception) -> None:
+    logger.error("gateway error on %s %s: %s: %s", scope["method"], scope["path"], type(exc).__name__, exc)
 
 
 async def read_body(receive: Receive) -> bytes | None:
@@ -108,36 +123,20 @@ class GatewayApp:
         )
         self._upstream_down = False
         self.channel = grpc.aio.insecure_channel(triton_grpc_url, options=[("grpc.max_receive_message_length", -1)])
+        self._http = UnhandledErrors(self._serve, _internal_error, _report_error)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
             await self._lifespan(receive, send)
         elif scope["type"] == "http":
-            await self._answering_errors(scope, receive, send)
+            await self._http(scope, receive, send)
 
-    async def _answering_errors(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one request; an unexpected error gets one log line and, if nothing was sent yet, a 500 JSON
-        answer (uvicorn would log a traceback and answer in plain text). A response already under way is cut:
-        uvicorn closes the connection when the app returns without finishing it."""
-        started = False
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            server = scope.get("server")
-            if server is not None and server[1] == self.metrics_port:
-                await self._metrics(scope, tracking_send)
-            else:
-                await self._triton(scope, receive, tracking_send)
-        except PayloadTooLarge:
-            raise  # BodyLimit answers it
-        except Exception as exc:
-            logger.error("gateway error on %s %s: %s: %s", scope["method"], scope["path"], type(exc).__name__, exc)
-            if not started:
-                await send_json(send, 500, {"error": f"Internal error in the gateway: {type(exc).__name__}: {exc}"})
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        server = scope.get("server")
+        if server is not None and server[1] == self.metrics_port:
+            await self._metrics(scope, send)
+        else:
+            await self._triton(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
