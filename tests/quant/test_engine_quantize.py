@@ -35,10 +35,8 @@ def test_bad_combinations_fail_at_start_up(tiny_llama_dir, kwargs, match):
         LLM(str(tiny_llama_dir), kv_cache_memory_gb=0.01, **kwargs)
 
 
-def test_bfloat16_on_the_cpu_keeps_quantized_codes_with_bfloat16_products(tiny_llama_dir):
+def test_bfloat16_on_the_cpu_keeps_quantized_codes_with_bfloat16_products(tiny_llama_dir, c_kernels):
     """`--quantize int4 --dtype bfloat16` on the CPU: the codes stay, the GEMM takes bfloat16 products."""
-    if quant_kernels() is None:
-        pytest.skip("no C kernels: quantized weights need float32 activations")
     with LLM(str(tiny_llama_dir), quantize="int4", dtype="bfloat16", kv_cache_memory_gb=0.01) as llm:
         model = llm.engine.runner.model
         panels = [m for m in model.layers.modules() if isinstance(m, QuantLinear) and m.qweight.order == "panel"]
