@@ -77,13 +77,9 @@ def _write_tiny_model(path: Path, model_type: str, seed: int, **overrides) -> Pa
         eos_token_id=2,
     )
     base.update(overrides)
-    config_cls, model_cls = {
-        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
-        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
-        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
-    }[model_type]
     torch.manual_seed(seed)
-    model = model_cls(config_cls(**base)).eval()
+    config = transformers.AutoConfig.for_model(model_type, **base)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # random norm weights and biases, so a missed one shows in the logits
         for name, param in model.named_parameters():
             if "norm" in name:
@@ -96,8 +92,9 @@ def _write_tiny_model(path: Path, model_type: str, seed: int, **overrides) -> Pa
 
 @pytest.fixture(scope="session")
 def tiny_model_factory(tmp_path_factory) -> Callable[..., Path]:
-    """`factory(model_type="llama", seed=0, **config_overrides) -> dir`: a random tiny HF model
-    (hidden 64, 4 heads, 2 KV heads, 2 layers, vocab 256, untied), built once per argument set."""
+    """`factory(model_type="llama", seed=0, **config_overrides) -> dir`: a random tiny HF model of any
+    transformers model_type (hidden 64, 4 heads, 2 KV heads, 2 layers, vocab 256, untied), built once per
+    argument set."""
     built: dict[str, Path] = {}
 
     def factory(model_type: str = "llama", seed: int = 0, **overrides) -> Path:

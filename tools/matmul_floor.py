@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from tgi_llm.models.llama import load_model
+    from tgi_llm.models.loader import load_model
     from tgi_llm.quant.modes import parse_quantize
     from tgi_llm.weights import resolve_model_dir
 

@@ -60,10 +60,11 @@ def main() -> None:
     parser.add_argument("--config", type=Path, default=None,
                         help="the served model's config.json (default: SmolLM2-135M's shape)")
     args = parser.parse_args()
-    from tgi_llm.models.config import ModelConfig, attention_cost_per_context_token
+    from tgi_llm.models.config import attention_cost_per_context_token
+    from tgi_llm.models.registry import read_config
 
     shape = json.loads(args.config.read_text()) if args.config else SMOLLM2_SHAPE
-    weight = attention_cost_per_context_token(ModelConfig.from_dict(shape))
+    weight = attention_cost_per_context_token(read_config(shape))
     steps = read_steps(args.log)
     errors = prediction_errors_ms(steps, args.target_ms / 1000, weight)
     if not errors:

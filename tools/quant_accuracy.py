@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
-    from tgi_llm.models.llama import load_model
+    from tgi_llm.models.loader import load_model
     from tgi_llm.quant.accuracy import compare, held_out_sequences, kernels_at_every_length, sequence_logits
     from tgi_llm.quant.modes import Quantization, parse_quantize
     from tgi_llm.weights import resolve_model_dir

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tgi_llm.bench.floor import FloorMeter, MatmulFloor
-from tgi_llm.models.llama import load_model
+from tgi_llm.models.loader import load_model
 
 
 def test_floor_counts_every_linear_of_every_layer_and_the_lm_head(tiny_model_factory):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 import torch
 
 from tgi_llm.kv_cache import allocate_kv_cache
-from tgi_llm.models.config import ModelConfig, kv_cache_bytes_per_token
+from tgi_llm.models.config import kv_cache_bytes_per_token
+from tgi_llm.models.registry import read_config, read_config_dir
 
 BASE = {
     "model_type": "llama",
@@ -28,7 +28,7 @@ BASE = {
 
 
 def test_llama_fields_and_defaults():
-    cfg = ModelConfig.from_dict(BASE)
+    cfg = read_config(BASE)
     assert cfg.head_dim == 576 // 9
     assert cfg.num_queries_per_kv == 3
     assert cfg.rope.theta == 100000.0 and cfg.rope.rope_type == "default"
@@ -37,30 +37,35 @@ def test_llama_fields_and_defaults():
 
 
 def test_explicit_head_dim_and_missing_kv_heads():
-    cfg = ModelConfig.from_dict({**BASE, "head_dim": 128, "num_key_value_heads": None})
+    cfg = read_config({**BASE, "head_dim": 128, "num_key_value_heads": None})
     assert cfg.head_dim == 128 and cfg.num_key_value_heads == 9
 
 
 def test_qwen2_has_qkv_bias_but_no_o_bias():
-    cfg = ModelConfig.from_dict({**BASE, "model_type": "qwen2", "sliding_window": 4096})
+    cfg = read_config({**BASE, "model_type": "qwen2", "sliding_window": 4096})
     assert cfg.qkv_bias and not cfg.o_bias
-    assert cfg.sliding_window is None  # use_sliding_window is false by default
+    assert cfg.sliding_windows == ()  # use_sliding_window is false by default
 
 
 def test_llama_attention_bias_covers_o_proj():
-    cfg = ModelConfig.from_dict({**BASE, "attention_bias": True, "mlp_bias": True})
+    cfg = read_config({**BASE, "attention_bias": True, "mlp_bias": True})
     assert cfg.qkv_bias and cfg.o_bias and cfg.mlp_bias
 
 
-def test_sliding_window_is_warned_about(caplog):
-    with caplog.at_level(logging.WARNING):
-        cfg = ModelConfig.from_dict({**BASE, "model_type": "mistral", "sliding_window": 4096})
-    assert cfg.sliding_window == 4096
-    assert "sliding_window" in caplog.text
+def test_sliding_windows_per_layer():
+    mistral = read_config({**BASE, "model_type": "mistral", "sliding_window": 4096})
+    assert mistral.sliding_windows == (4096,) * BASE["num_hidden_layers"] and mistral.narrowest_window == 4096
+    layers = BASE["num_hidden_layers"]
+    types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+    gemma2 = read_config({**BASE, "model_type": "gemma2", "sliding_window": 8, "layer_types": types})
+    assert gemma2.sliding_windows == tuple(8 if i % 2 == 0 else None for i in range(layers))
+    qwen3 = read_config({**BASE, "model_type": "qwen3", "sliding_window": 8, "use_sliding_window": True,
+                                   "max_window_layers": 1})
+    assert qwen3.sliding_windows == (None,) + (8,) * (layers - 1)
 
 
 def test_architecture_name_is_enough():
-    cfg = ModelConfig.from_dict({**BASE, "model_type": "my-llama", "architectures": ["LlamaForCausalLM"]})
+    cfg = read_config({**BASE, "model_type": "my-llama", "architectures": ["LlamaForCausalLM"]})
     assert cfg.model_type == "my-llama"
 
 
@@ -68,13 +73,13 @@ def test_architecture_name_is_enough():
     "change, message",
     [
         ({"model_type": "gpt2"}, "gpt2"),
-        ({"hidden_act": "gelu"}, "gelu"),
+        ({"hidden_act": "relu2"}, "`hidden_act` 'relu2' is not supported"),
         ({"num_key_value_heads": 4}, "multiple"),
     ],
 )
 def test_rejects_other_architectures(change, message):
     with pytest.raises(ValueError, match=message):
-        ModelConfig.from_dict({**BASE, **change})
+        read_config({**BASE, **change})
 
 
 def test_kv_cache_bytes_per_token_matches_allocation(tmp_path):
@@ -86,10 +91,10 @@ def test_kv_cache_bytes_per_token_matches_allocation(tmp_path):
         "num_key_value_heads": 2,
     }
     (tmp_path / "config.json").write_text(json.dumps(small))
-    cfg = ModelConfig.from_model_dir(tmp_path)
+    cfg = read_config_dir(tmp_path)
     for dtype in (torch.float32, torch.bfloat16):
         caches = allocate_kv_cache(cfg, num_blocks=3, block_size=8, dtype=dtype)
         allocated = sum(t.numel() * t.element_size() for pair in caches for t in pair)
         assert kv_cache_bytes_per_token(cfg, dtype) * 3 * 8 == allocated
         assert caches[0][0].shape == (3, 8, 2, 16)
-    assert kv_cache_bytes_per_token(ModelConfig.from_dict(BASE), torch.float32) == 2 * 30 * 3 * 64 * 4
+    assert kv_cache_bytes_per_token(read_config(BASE), torch.float32) == 2 * 30 * 3 * 64 * 4

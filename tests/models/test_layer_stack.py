@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tgi_llm.models.layer_stack import FusedLayerStack
-from tgi_llm.models.llama import load_model
+from tgi_llm.models.loader import load_model
 from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, Q8_GEMM_MIN_TOKENS
 from tgi_llm.quant.modes import Quantization
 

@@ -15,8 +15,8 @@ from tests.native.builds import build_variant, with_march
 from tgi_llm.attention.cpu_kernels import CpuAttentionKernels, cpu_attention_kernels
 from tgi_llm.attention.cpu_kernels import _self_check as attention_self_check
 from tgi_llm.models import layer_stack
-from tgi_llm.models.llama import load_model
-from tgi_llm.models.rope import rotary_tables
+from tgi_llm.models.layers.rotary import rotary_tables
+from tgi_llm.models.loader import load_model
 from tgi_llm.native.loader import REGISTRY
 from tgi_llm.parallel import tp_ops
 from tgi_llm.quant.formats import quantize_int4, quantize_int8
@@ -85,5 +85,5 @@ def _check_fused_stack(lib, tiny_model_factory, paged_batcher) -> None:
     cos, sin = rotary_tables(*model.rotary.cos_sin(positions, None), torch.float32)
     stack = layer_stack.FusedLayerStack(lib, model, kv)
     got = stack._run(hidden.clone(), cos, sin, attn)
-    want = model._layers(hidden, cos, sin, kv, attn)
+    want = model._layers(hidden, {"global": (cos, sin)}, kv, attn)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -19,7 +19,8 @@ from tgi_llm import LLM
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.events import ErrorEvent, FinalEvent, TokenEvent
 from tgi_llm.kv_cache import allocate_kv_cache
-from tgi_llm.models.llama import load_model
+from tgi_llm.models.loader import load_model
+from tgi_llm.models.registry import read_config_dir
 from tgi_llm.parallel import ShardedModelRunner, ShardGroup, launch
 from tgi_llm.procfs import pid_alive
 from tgi_llm.runner.model_runner import ModelRunner
@@ -90,6 +91,9 @@ def random_prompts(lengths: list[int], vocab: int) -> list[list[int]]:
 @pytest.mark.parametrize("model_type,overrides", [
     ("llama", {"attention_bias": True, "mlp_bias": True}),  # row-parallel biases live on rank 0 only
     ("qwen2", {"tie_word_embeddings": True}),  # q/k/v biases split; LM head = the vocab-split embedding
+    ("phi3", {"pad_token_id": 0}),  # fused qkv and gate/up weights: each part split on its own
+    ("qwen3", {"head_dim": 16}),  # per-head q/k norms
+    ("gemma2", {"head_dim": 16, "sliding_window": 6, "num_hidden_layers": 4}),  # norms after the reduce, soft-caps
 ])
 def test_two_shard_prefill_and_decode_logits_match_one_shard(tiny_model_factory, model_type, overrides):
     model_dir = tiny_model_factory(model_type, **overrides)  # 4 heads, 2 KV heads: divisible by 2
@@ -260,6 +264,13 @@ except RuntimeError as exc:
 
 
 # ---- the real default model: 9 attention heads, 3 KV heads ----
+
+def test_a_family_that_cannot_be_split_is_refused_at_start_up(tiny_model_factory):
+    config = read_config_dir(tiny_model_factory("olmo2"))
+    launch.check_tp_split(config, 1)
+    with pytest.raises(ArgumentValidationError, match="`num_shard` 2: OLMo 2 normalizes q and k over all heads"):
+        launch.check_tp_split(config, 2)
+
 
 def test_two_shards_on_the_default_model_is_a_clear_start_up_error(default_model_dir):
     with pytest.raises(ArgumentValidationError) as info:

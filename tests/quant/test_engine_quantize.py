@@ -56,7 +56,8 @@ def test_unset_quantize_in_bfloat16_keeps_a_gguf_s_blocks_where_the_kernels_serv
     """`--dtype bfloat16` with the default (GGUF) model on the CPU keeps its blocks (bfloat16 products from
     BF16_GEMM_MIN_TOKENS rows), except on AMX CPUs, whose tiles multiply bfloat16 weights in place; where no
     kernel serves it (a GPU, torch's linears) it starts on floats, not with an error."""
-    from tgi_llm.models.llama import Linear, load_model
+    from tgi_llm.models.layers.linear import Linear
+    from tgi_llm.models.loader import load_model
 
     kernels = quant_kernels()
     model, _ = load_model(default_model_dir, dtype=torch.bfloat16)

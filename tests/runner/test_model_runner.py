@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tgi_llm.kv_cache import allocate_kv_cache
-from tgi_llm.models.llama import load_model
+from tgi_llm.models.loader import load_model
 from tgi_llm.runner.model_runner import ModelRunner
 
 from ..conftest import PlanPlayer

@@ -22,7 +22,10 @@ from tgi_llm.weights.gguf_marker import MARKER_FILE
 VOCAB = 2048
 
 
-def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int = 2, heads: int = 4) -> Path:
+def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int = 2, heads: int = 4,
+                    fields: dict | None = None, tensors: dict[str, tuple[int, ...]] | None = None) -> Path:
+    """A small llama GGUF with the default model's tokenizer; `fields` adds metadata (name -> value), `tensors`
+    adds float tensors (name -> shape)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import quantize
 
@@ -68,7 +71,16 @@ def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int 
         else:
             writer.add_tensor(name, data)
 
+    for key, value in (fields or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        else:
+            writer.add_float32(key, value)
     head_dim, kv = hidden // heads, heads // 2
+    for name, shape in (tensors or {}).items():
+        add(name, *shape)
     add("token_embd.weight", VOCAB, hidden)  # no output.weight: tied embeddings, as in SmolLM2
     add("output_norm.weight", hidden)
     for i in range(layers):
@@ -221,6 +233,38 @@ def test_failed_conversion_leaves_nothing_behind(mini_gguf, tmp_path, monkeypatc
     with pytest.raises(OSError, match="disk full"):
         resolve_model_dir(str(mini_gguf), cache_dir=tmp_path, progress=False)
     assert [p.name for p in (tmp_path / "gguf").iterdir()] == [resolve_mod.CONTENT_INDEX]  # no partial model
+
+
+@pytest.mark.parametrize(("fields", "tensors", "match"), [
+    ({}, {"blk.0.ffn_gate_exps.weight": (4, 128, 64)}, "tensor 'blk.0.ffn_gate_exps.weight' is not part of"),
+    ({"llama.expert_count": 4}, {}, "a mixture of experts \\(4 experts\\)"),
+    ({"llama.rope.scaling.type": "su"}, {}, "rope scaling 'su' is not served"),
+])
+def test_a_gguf_with_what_we_do_not_read_is_refused_not_served(tmp_path, fields, tensors, match):
+    """transformers' loader would drop these silently and serve a different model."""
+    path = write_mini_gguf(tmp_path / "odd.gguf", fields=fields, tensors=tensors)
+    with pytest.raises(ValueError, match=match):
+        resolve_model_dir(str(path), cache_dir=tmp_path / "cache", progress=False)
+
+
+def test_rope_scaling_the_loader_drops_reaches_the_model(tmp_path):
+    """llama.cpp keeps Llama 3's scaling as per-frequency divisors (`rope_freqs`) and linear scaling as
+    metadata: both reach the rotary embedding of the converted directory."""
+    from gguf import GGUFReader
+
+    head_dim = 16
+    path = write_mini_gguf(tmp_path / "scaled.gguf", fields={"llama.rope.scaling.type": "linear",
+                                                             "llama.rope.scaling.factor": 2.0})
+    model, config = load_model(resolve_model_dir(str(path), cache_dir=tmp_path / "cache", progress=False))
+    assert config.rope.rope_type == "linear" and config.rope.factor == 2.0
+    base = 1.0 / (config.rope.theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    torch.testing.assert_close(model.rotary.inv_freq, base / 2.0)
+
+    path = write_mini_gguf(tmp_path / "freqs.gguf", tensors={"rope_freqs.weight": (head_dim // 2,)})
+    factors = next(np.asarray(t.data) for t in GGUFReader(path).tensors if t.name == "rope_freqs.weight")
+    model, config = load_model(resolve_model_dir(str(path), cache_dir=tmp_path / "cache2", progress=False))
+    assert config.rope.freq_factors == tuple(float(f) for f in factors)
+    torch.testing.assert_close(model.rotary.inv_freq, base / torch.from_numpy(factors))
 
 
 @pytest.mark.slow

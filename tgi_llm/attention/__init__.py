@@ -31,6 +31,8 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         attn: AttentionMetadata,
         scale: float,
+        window: int | None = None,  # the last `window` positions only, the query's own included
+        softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     ) -> torch.Tensor:  # [T, Hq, D]
         ...
 

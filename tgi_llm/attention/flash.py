@@ -48,6 +48,8 @@ class FlashPagedAttention:
         v_cache: torch.Tensor,
         attn: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
         write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
         cu_seqlens_k = F.pad(attn.seq_lens.cumsum(0, dtype=torch.int32), (1, 0))
@@ -61,5 +63,7 @@ class FlashPagedAttention:
             max_seqlen_k=attn.max_seq_len,
             softmax_scale=scale,
             causal=True,
+            window_size=(-1, -1) if window is None else (window - 1, 0),
+            softcap=0.0 if softcap is None else softcap,
             block_table=attn.block_tables.to(torch.int32),
         )

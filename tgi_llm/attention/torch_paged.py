@@ -4,7 +4,9 @@ On the CPU (float32), decode sequences (one new token each) go through the C ker
 which reads K/V in place through the block tables; prompt chunks too where its prefill kernel measured
 faster than SDPA at load (all the step's chunks in one call, each over its whole context read in place).
 Elsewhere (or without a compiler): decodes through one batched SDPA call over K/V gathered from their
-block tables and padded to the longest, each prompt chunk through its own SDPA call.
+block tables and padded to the longest, each prompt chunk through its own SDPA call. Layers with a sliding
+window that some sequence has outgrown, or with soft-capped scores, take a per-sequence path that gathers
+only the window's blocks.
 """
 
 from __future__ import annotations
@@ -35,8 +37,14 @@ class TorchPagedAttention:
         v_cache: torch.Tensor,
         attn: AttentionMetadata,
         scale: float,
+        window: int | None = None,
+        softcap: float | None = None,
     ) -> torch.Tensor:
+        """`window`: each query sees the last `window` positions, itself included (None: all before it).
+        `softcap`: scores become softcap * tanh(scores / softcap) before the softmax."""
         write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        if softcap is not None or (window is not None and attn.max_seq_len > window):
+            return windowed_attention(q, k_cache, v_cache, attn, scale, window, softcap)
         if attn.is_pure_decode and q.shape[0] == attn.num_seqs:  # the common step: all decodes
             return self._decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale)
 
@@ -145,3 +153,37 @@ class TorchPagedAttention:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+
+def windowed_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, attn: AttentionMetadata,
+                       scale: float, window: int | None, softcap: float | None) -> torch.Tensor:
+    """Attention one sequence at a time, in transformers' eager order (scale, soft-cap, mask, float32 softmax),
+    over the blocks that hold the keys some query of the sequence can see."""
+    out = torch.empty_like(q)
+    heads, dim = q.shape[1], q.shape[2]
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    start = 0
+    for i, (q_len, seq_len) in enumerate(zip(attn.query_lens_cpu, attn.seq_lens_cpu, strict=True)):
+        first_query = seq_len - q_len
+        first_key = 0 if window is None else max(0, first_query - window + 1)
+        first_block = first_key // block_size
+        table = attn.block_tables[i : i + 1, first_block:]
+        offset = first_block * block_size
+        blocks = -(-(seq_len - offset) // block_size)
+        keys = gather_kv(k_cache, table, blocks)[0, : seq_len - offset].transpose(0, 1)  # [Hkv, L, D]
+        values = gather_kv(v_cache, table, blocks)[0, : seq_len - offset].transpose(0, 1)
+        queries = q[start : start + q_len].view(q_len, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3)
+        scores = torch.matmul(queries, keys.transpose(-1, -2)[:, None]) * scale  # [Hkv, G, Lq, L]
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        query_pos = torch.arange(first_query, seq_len, device=q.device)[:, None]
+        key_pos = torch.arange(offset, seq_len, device=q.device)[None, :]
+        visible = key_pos <= query_pos
+        if window is not None:
+            visible &= key_pos > query_pos - window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        o = torch.matmul(probs, values[:, None])  # [Hkv, G, Lq, D]
+        out[start : start + q_len] = o.permute(2, 0, 1, 3).reshape(q_len, heads, dim)
+        start += q_len
+    return out

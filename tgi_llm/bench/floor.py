@@ -23,7 +23,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tgi_llm.models.llama import Linear, LlamaForCausalLM, packed_linear
+from tgi_llm.models.decoder import CausalLM
+from tgi_llm.models.layers.linear import Linear, packed_linear
 from tgi_llm.quant.linear import QuantLinear
 
 
@@ -37,7 +38,7 @@ def _bytes_read(lin: torch.nn.Module | None, dense: torch.Tensor, plain: bool) -
 class MatmulFloor:
     """The linears of one decode step of `batch` sequences, in the model's layer order."""
 
-    def __init__(self, model: LlamaForCausalLM, batch: int, plain: bool = False) -> None:
+    def __init__(self, model: CausalLM, batch: int, plain: bool = False) -> None:
         self.model, self.batch = model, batch
         dtype = model.dtype
         linears = [m for layer in model.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]

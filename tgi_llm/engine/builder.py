@@ -67,7 +67,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     from tgi_llm.attention import preferred_block_size
     from tgi_llm.kv_cache import allocate_kv_cache
     from tgi_llm.models.config import attention_cost_per_context_token, kv_cache_bytes_per_token
-    from tgi_llm.models.llama import load_model
+    from tgi_llm.models.loader import load_model
     from tgi_llm.quant.modes import parse_quantize
     from tgi_llm.runner.model_runner import ModelRunner
     from tgi_llm.weights import resolve_model_dir

@@ -1,27 +1,31 @@
-"""ModelConfig: the architecture facts the runner needs, read from a HF config.json."""
+"""ModelConfig: the architecture facts the runner needs (models/registry.py reads them from a config.json)."""
 
 from __future__ import annotations
 
-import json
-import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
-from tgi_llm.models.rope import RopeConfig
+from tgi_llm.models.layers.activation import activation
+from tgi_llm.models.layers.rotary import RopeConfig
 
-logger = logging.getLogger(__name__)
 
-#: model_types that are the Llama architecture (GQA, RoPE, RMSNorm, SwiGLU) under another name.
-LLAMA_FAMILY = ("llama", "mistral", "qwen2")
-_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+@dataclass(frozen=True)
+class NormNames:
+    """The checkpoint's name for each norm a decoder layer may have (None: the family has none there).
+    Llama normalizes each block's input; OLMo 2 each block's output; Gemma 2 and 3 both ("sandwich")."""
+
+    attn_in: str | None = "input_layernorm"
+    attn_out: str | None = None
+    mlp_in: str | None = "post_attention_layernorm"
+    mlp_out: str | None = None
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     model_type: str
+    family: str  # the registry's name for the architecture that serves it (models/families)
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -33,72 +37,110 @@ class ModelConfig:
     rope: RopeConfig
     max_position_embeddings: int
     tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2: q/k/v have a bias, o_proj does not
+    qkv_bias: bool = False
     o_bias: bool = False
     mlp_bias: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    sliding_window: int | None = None  # read but not applied
+    hidden_act: str = "silu"
+    norms: NormNames = NormNames()
+    #: RMSNorm over q and k before rope: per head (Qwen3, Gemma 3) or over the whole projection (OLMo 2).
+    qk_norm: Literal["head", "projection"] | None = None
+    norm_offset: float = 0.0  # Gemma scales by (1 + w): added to each norm weight at load
+    embedding_multiplier: float = 1.0  # Granite; Gemma's sqrt(hidden_size)
+    residual_multiplier: float = 1.0  # Granite: each block's output is scaled before the residual add
+    attention_scale: float | None = None  # None: head_dim ** -0.5 (Granite's attention_multiplier, Gemma's scalar)
+    logits_divisor: float = 1.0  # Granite's logits_scaling
+    attn_logit_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
+    final_logit_softcap: float | None = None  # Gemma 2: the same on the logits
+    #: Per layer: the keys a query sees (the last W positions, itself included), None for the whole context;
+    #: empty when no layer slides.
+    sliding_windows: tuple[int | None, ...] = ()
+    #: Per layer: whether it applies rope (SmolLM3 leaves every fourth layer without); empty: all do.
+    rope_layers: tuple[bool, ...] = ()
+    #: Gemma 3: the sliding layers' own rope (their base), None: every layer uses `rope`.
+    local_rope: RopeConfig | None = None
+    fused_qkv: bool = False  # Phi-3: one qkv_proj weight in the checkpoint
+    fused_gate_up: bool = False  # Phi-3: one gate_up_proj weight
+    #: Why this architecture cannot be split over shards (None: it can).
+    tensor_parallel_refusal: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        activation(self.hidden_act)  # a ValueError naming the field where no activation of that name exists
 
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_attention_heads // self.num_key_value_heads
 
-    @classmethod
-    def from_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
-        model_type = cfg.get("model_type", "")
-        archs = set(cfg.get("architectures") or [])
-        if model_type not in LLAMA_FAMILY and not archs & _ARCHITECTURES:
-            raise ValueError(
-                f"model_type {model_type!r} (architectures {sorted(archs)}) is not supported; "
-                f"supported: {', '.join(LLAMA_FAMILY)}"
-            )
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"hidden_act {act!r} not supported (Llama family uses silu)")
-        heads = cfg["num_attention_heads"]
-        kv_heads = cfg.get("num_key_value_heads") or heads
-        if heads % kv_heads:
-            raise ValueError(f"num_attention_heads {heads} not a multiple of num_key_value_heads {kv_heads}")
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        attention_bias = bool(cfg.get("attention_bias", False))
-        is_qwen2 = model_type == "qwen2" or "Qwen2ForCausalLM" in archs
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
-        sliding = cfg.get("sliding_window")
-        if is_qwen2 and not cfg.get("use_sliding_window", False):
-            sliding = None
-        if sliding is not None and sliding < cfg.get("max_position_embeddings", 0):
-            logger.warning(
-                "sliding_window=%s is ignored: attention spans the whole context (exact up to the window)",
-                sliding,
-            )
-        return cls(
-            model_type=model_type,
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_hidden_layers=cfg["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=kv_heads,
-            head_dim=head_dim,
-            vocab_size=cfg["vocab_size"],
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope=RopeConfig.from_hf(cfg),
-            max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=True if is_qwen2 else attention_bias,
-            o_bias=False if is_qwen2 else attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            sliding_window=sliding,
-            raw=dict(cfg),
-        )
+    @property
+    def is_plain_llama(self) -> bool:
+        """Whether every layer is the Llama layer the C layer stack implements (norms before each block,
+        SiLU gate, rope on every head dimension, no multipliers, no soft-caps), up to a sliding window: the
+        stack takes a step only while no sequence has outgrown it (`narrowest_window`)."""
+        return (self.hidden_act in ("silu", "swish") and self.norms == NormNames() and self.qk_norm is None
+                and self.embedding_multiplier == 1.0 and self.residual_multiplier == 1.0
+                and self.attention_scale is None and self.attn_logit_softcap is None
+                and all(self.rope_layers) and self.local_rope is None
+                and self.rope.partial_factor == 1.0)
 
-    @classmethod
-    def from_model_dir(cls, model_dir: str | Path) -> ModelConfig:
-        return cls.from_dict(json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8")))
+    @property
+    def narrowest_window(self) -> int | None:
+        return min((w for w in self.sliding_windows if w), default=None)
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_windows[layer] if self.sliding_windows else None
+
+    def uses_rope(self, layer: int) -> bool:
+        return self.rope_layers[layer] if self.rope_layers else True
+
+def common_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What every family's config.json says the same way; a family's `configure` overrides any of it."""
+    heads = cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    if heads % kv_heads:
+        raise ValueError(f"num_attention_heads {heads} not a multiple of num_key_value_heads {kv_heads}")
+    attention_bias = bool(cfg.get("attention_bias", False))
+    eos = cfg.get("eos_token_id")
+    return dict(
+        model_type=cfg.get("model_type", ""),
+        hidden_size=cfg["hidden_size"],
+        intermediate_size=cfg["intermediate_size"],
+        num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+        vocab_size=cfg["vocab_size"],
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope=RopeConfig.from_hf(cfg),
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=attention_bias,
+        o_bias=attention_bias,
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
+        bos_token_id=cfg.get("bos_token_id"),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,)),
+        hidden_act=cfg.get("hidden_act") or cfg.get("hidden_activation") or "silu",
+        sliding_windows=sliding_windows(cfg),
+    )
+
+
+def sliding_windows(cfg: dict[str, Any]) -> tuple[int | None, ...]:
+    """Per layer, the window transformers applies: `layer_types` where the config has them (transformers 5),
+    else `sliding_window` on every layer unless `use_sliding_window` is false (Qwen2's older configs, where
+    layers from `max_window_layers` on slide)."""
+    window = cfg.get("sliding_window")
+    layers = cfg["num_hidden_layers"]
+    if not window or cfg.get("use_sliding_window") is False:
+        return ()
+    types = cfg.get("layer_types")
+    if types:
+        windows = tuple(window if kind == "sliding_attention" else None for kind in types)
+    elif "max_window_layers" in cfg:
+        windows = tuple(window if i >= cfg["max_window_layers"] else None for i in range(layers))
+    else:
+        windows = (window,) * layers
+    return windows if any(windows) else ()
 
 
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

@@ -1,4 +1,4 @@
-"""A step's whole layer stack in one C call, for Llama-family models on the CPU.
+"""A step's whole layer stack in one C call, for models made of plain Llama layers on the CPU.
 
 At a few rows the decoder layer's work is small next to what it costs to reach it from Python: each layer
 runs ~25 torch ops and 4 ctypes calls, and at one token that dispatch was ~60% of the step (py-spy on
@@ -12,7 +12,7 @@ Decode steps take it, and so do steps that mix decodes with prompt chunks (decod
 orders them) where the prefill attention kernel serves prompts: at 135 rows the torch layers' elementwise
 ops and dispatch were ~11% of a mixed step (15 decodes + a 120-token chunk: 220 -> 195 ms, Zen 3). Only a
 single-shard float32 CPU model whose linears all run on `quant_apply` (quantized ones, or float32 ones where
-the C kernels serve them: models/llama.py `float_linear_kernels`). The first fused step of each kind
+the C kernels serve them: models/layers/linear.py `float_linear_kernels`). The first fused step of each kind
 (decode, mixed) is checked against the torch layers on the live model (the torch result is kept, and a
 mismatch turns the fused path off with a warning). TGI_LLM_FUSED_DECODE=0 switches it off.
 """
@@ -52,6 +52,8 @@ def _why_not(model, kv_caches) -> str | None:
     """Why this model can't run the fused stack (None: it can)."""
     if not settings().fused_decode:
         return "switched off by TGI_LLM_FUSED_DECODE=0"
+    if not model.config.is_plain_llama:
+        return f"the {model.config.family} layers are not the Llama layer it implements"
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.shard.world_size != 1:
         return "needs one float32 CPU shard"
     if not isinstance(model.attention_backend, TorchPagedAttention) or cpu_attention_kernels() is None:
@@ -73,7 +75,7 @@ def _why_not(model, kv_caches) -> str | None:
 
 class FusedLayerStack:
     """The C layer stack for one model and one set of K/V caches. It holds raw pointers into both: its owner
-    (the model) keeps them alive, and drops it with the caches (LlamaForCausalLM.release_caches)."""
+    (the model) keeps them alive, and drops it with the caches (CausalLM.release_caches)."""
 
     def __init__(self, lib: ctypes.CDLL, model, kv_caches) -> None:
         self._lib = lib
@@ -85,7 +87,7 @@ class FusedLayerStack:
         self.final_norm = model.norm.weight.detach()
         self._layers = (Layer * len(model.layers))(*(
             Layer(*(ctypes.addressof(d) for d in descs), (ctypes.c_int64 * 4)(*(gemm_min_tokens(d) for d in descs)),
-                   layer.input_norm.weight.data_ptr(), layer.post_attention_norm.weight.data_ptr(),
+                   layer.input_norm.weight.data_ptr(), layer.mlp_norm.weight.data_ptr(),
                    k.data_ptr(), v.data_ptr())
             for layer, (k, v) in zip(model.layers, kv_caches, strict=True)
             for descs in [[m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]]))
@@ -103,6 +105,8 @@ class FusedLayerStack:
                                      for layer in model.layers
                                      for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) else 1e-3
         self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
+        #: Sequences longer than this have keys outside a sliding window, which this stack does not apply.
+        self.window = model.config.narrowest_window
 
     @classmethod
     def build(cls, model, kv_caches) -> FusedLayerStack | None:
@@ -118,7 +122,9 @@ class FusedLayerStack:
     def takes(self, attn: AttentionMetadata, num_tokens: int) -> bool:
         """Whether this step can run here: decodes only, or decodes first and then prompt chunks (the
         scheduler's order) where the prefill attention kernel serves the prompts (it measured faster than
-        SDPA at load, and holds this many query heads per KV head)."""
+        SDPA at load, and holds this many query heads per KV head); no sequence past a sliding window."""
+        if self.window is not None and attn.max_seq_len > self.window:
+            return False
         if attn.is_pure_decode:
             return num_tokens == attn.num_seqs
         if not (self._attention.prefill_wins and self.heads // self.kv_heads <= MAX_PREFILL_GROUP):

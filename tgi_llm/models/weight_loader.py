@@ -97,6 +97,30 @@ class WeightLoader:
         weight = self._float(names, dim)
         return self._quantize(weight) if self.quantization.on_load else weight
 
+    def fused_linear(self, prefix: str, sizes: list[int], bias: bool, make_float) -> nn.Module:
+        """A column-parallel linear stored as one weight of `sizes` parts (Phi-3's qkv_proj, gate_up_proj):
+        each shard takes its slice of every part."""
+        if self.shard.world_size == 1:
+            return self.linear([prefix], "column", bias, make_float)
+        if self.gguf is not None and f"{prefix}.weight" in self.gguf:
+            raise ValueError(f"{prefix}: a GGUF's fused weight cannot be split over shards; start with "
+                             "--quantize float or one shard")
+
+        def sliced(tensor: torch.Tensor) -> torch.Tensor:
+            parts = []
+            for part in tensor.split(sizes, dim=0):
+                if part.shape[0] % self.shard.world_size:
+                    raise ValueError(f"{prefix}: a part of {part.shape[0]} rows cannot be split over "
+                                     f"{self.shard.world_size} shards")
+                parts.append(part.chunk(self.shard.world_size, dim=0)[self.shard.rank])
+            return torch.cat(parts, dim=0)
+
+        weight = sliced(self.floats.get_tensor(f"{prefix}.weight"))
+        b = sliced(self.floats.get_tensor(f"{prefix}.bias")) if bias else None
+        if self.quantization.on_load:
+            return QuantLinear(self._quantize(weight), b)
+        return make_float(weight, b)
+
     def bias(self, prefixes: list[str], parallel: Parallel) -> torch.Tensor:
         """Row-parallel bias lives on rank 0 only since the partial outputs are summed."""
         if parallel == "row":

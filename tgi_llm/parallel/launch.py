@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.models.config import ModelConfig
+from tgi_llm.models.registry import read_config_dir
 from tgi_llm.parallel.comm import SETUP, STOP, PlanChannel, destroy_groups, init_groups
 from tgi_llm.parallel.mpi_shm import unlink_mapped_segments
 from tgi_llm.procfs import pid_alive
@@ -77,6 +78,9 @@ class ShardSetup:
 def check_tp_split(config: ModelConfig, num_shard: int, model: str = "the model") -> None:
     """Megatron splits heads, KV heads, the MLP and the vocabulary evenly: fail at start-up, naming both
     numbers and what would divide, before any process is spawned."""
+    if num_shard > 1 and config.tensor_parallel_refusal:
+        raise ArgumentValidationError(f"`num_shard` {num_shard}: {config.tensor_parallel_refusal}; serve "
+                                      f"{model} with one shard")
     sizes = {"num_attention_heads": config.num_attention_heads, "num_key_value_heads": config.num_key_value_heads,
              "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
     bad = [f"{name} ({size})" for name, size in sizes.items() if size % num_shard]
@@ -136,7 +140,7 @@ class ShardGroup:
     def launch(cls, num_shard: int, model_dir: str | Path, dtype: torch.dtype, device: torch.device,
                model_name: str | None = None, quantize: str | None = None,
                quantize_group_size: int | None = None) -> ShardGroup:
-        config = ModelConfig.from_model_dir(model_dir)
+        config = read_config_dir(model_dir)
         check_tp_split(config, num_shard, model_name or str(model_dir))
         if device.type == "cuda" and torch.cuda.device_count() < (device.index or 0) + num_shard:
             raise ArgumentValidationError(

@@ -82,7 +82,7 @@ def serve(rank: int, setup: ShardSetup) -> int:
     import torch.distributed as dist
 
     from tgi_llm.kv_cache import allocate_kv_cache
-    from tgi_llm.models.llama import load_model
+    from tgi_llm.models.loader import load_model
     from tgi_llm.parallel.comm import SETUP, STEP, STOP, PlanChannel, destroy_groups, init_groups
     from tgi_llm.parallel.launch import local_config
     from tgi_llm.parallel.plan_codec import PlanDecoder

@@ -13,7 +13,7 @@ Two kernels, chosen by the number of activation rows (QuantLinear):
   torch does), k-major, and a register-blocked micro-kernel multiplies it with all activation rows.
 q4 and q8 weights in the "panel" byte order (formats.py; VL output rows side by side, so one vector holds
 one k of VL rows) go through `q4p_linear` / `q8p_linear` / `panel_gemm`, which need no horizontal sums and
-no transposes; the others through the row-by-row kernels. Float32 weights in the panel order (models/llama.py
+no transposes; the others through the row-by-row kernels. Float32 weights in the panel order (models/layers/linear.py
 `Linear`) are already the micro-kernel's layout: `panel_gemm` reads them in place at every row count.
 Rows are split over OpenMP threads. The code uses AVX2 or AVX-512 intrinsics where -march=native
 (tgi_llm.native) has them and GCC vectors elsewhere; float16 scales go through F16C where the CPU has it.

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from tgi_llm.weights.gguf_checks import check_servable
 from tgi_llm.weights.gguf_marker import MARKER_FILE
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
     t0 = time.monotonic()
     try:
         with _transformers_progress(progress), _gguf_parsed_once():
+            import gguf
+
+            extra_config = check_servable(gguf.GGUFReader(gguf_path), gguf_path.name)  # the reader is kept
             _phase(1, f"dequantizing {gguf_path.name}", t0)
             model = AutoModelForCausalLM.from_pretrained(
                 str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
@@ -124,6 +128,7 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
 
         _phase(3, "writing config.json and tokenizer", t0)
         config_dict = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_DROP}
+        config_dict.update(extra_config)
         config_dict["dtype"] = "float32"
         config_dict["architectures"] = config_dict.get("architectures") or [
             type(config).__name__.replace("Config", "ForCausalLM")

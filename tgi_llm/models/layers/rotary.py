@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+from tgi_llm.weights.gguf_checks import FREQ_FACTORS_KEY
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -29,20 +31,29 @@ class RopeConfig:
     mscale: float | None = None  # yarn
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn
+    short_factor: tuple[float, ...] = ()  # longrope: per-frequency divisors up to the original context
+    long_factor: tuple[float, ...] = ()  # longrope: past it
+    partial_factor: float = 1.0  # the fraction of each head's dimensions that rotates (Phi-4-mini: 0.75)
+    #: llama.cpp's per-frequency divisors (a GGUF's `rope_freqs`: Llama 3's scaling), from a converted GGUF.
+    freq_factors: tuple[float, ...] = ()
 
     @classmethod
-    def from_hf(cls, cfg: dict[str, Any]) -> RopeConfig:
+    def from_hf(cls, cfg: dict[str, Any], params: dict[str, Any] | None = None) -> RopeConfig:
         """From config.json: transformers 5 writes `rope_parameters`, older configs `rope_theta` +
-        `rope_scaling` (with `type` or `rope_type`)."""
-        params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        `rope_scaling` (with `type` or `rope_type`). `params`: one layer type's entry where the config has one
+        per layer type (Gemma 3's sliding and full layers)."""
+        if params is None:
+            params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        params = dict(params)
         theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope type {rope_type!r} not supported (supported: {SUPPORTED_ROPE_TYPES})")
-        if params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise ValueError("partial_rotary_factor != 1 is not supported")
+        partial = float(params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)))
+        if not 0.0 < partial <= 1.0:
+            raise ValueError(f"`partial_rotary_factor` must be in (0, 1]. Given: {partial}")
         orig = params.get("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
-        if rope_type in ("llama3", "yarn") and orig is None:
+        if rope_type in ("llama3", "yarn", "longrope") and orig is None:
             orig = cfg.get("max_position_embeddings")
 
         def num(key: str, default: float | None) -> float | None:
@@ -50,7 +61,7 @@ class RopeConfig:
             return default if value is None else float(value)
 
         factor = num("factor", 1.0)
-        if rope_type == "yarn" and params.get("factor") is None and orig:
+        if rope_type in ("yarn", "longrope") and params.get("factor") is None and orig:
             factor = cfg["max_position_embeddings"] / orig
         return cls(
             theta=float(theta),
@@ -65,6 +76,10 @@ class RopeConfig:
             mscale=num("mscale", None),
             mscale_all_dim=num("mscale_all_dim", None),
             truncate=bool(params.get("truncate", True)),
+            short_factor=tuple(float(f) for f in params.get("short_factor") or ()),
+            long_factor=tuple(float(f) for f in params.get("long_factor") or ()),
+            partial_factor=partial,
+            freq_factors=tuple(float(f) for f in cfg.get(FREQ_FACTORS_KEY) or ()),
         )
 
 
@@ -115,26 +130,55 @@ def _yarn_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, float]:
     return inv_freq, float(attention_factor)
 
 
+def _longrope_inv_freq(rope: RopeConfig, dim: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(short, long) frequencies and the cos/sin scale, as transformers' longrope (Phi-3's long contexts)."""
+    for name, factors in (("short_factor", rope.short_factor), ("long_factor", rope.long_factor)):
+        if len(factors) != dim // 2:
+            raise ValueError(f"longrope `{name}` must have {dim // 2} entries (half the rotary dimension). "
+                             f"Given: {len(factors)}")
+    attention_factor = rope.attention_factor
+    if attention_factor is None:
+        attention_factor = 1.0 if rope.factor <= 1.0 else math.sqrt(
+            1 + math.log(rope.factor) / math.log(rope.original_max_position_embeddings))
+    powers = rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
+    short = 1.0 / (torch.tensor(rope.short_factor, dtype=torch.float32) * powers)
+    long = 1.0 / (torch.tensor(rope.long_factor, dtype=torch.float32) * powers)
+    return short, long, float(attention_factor)
+
+
 class RotaryEmbedding:
-    """Neox-style (rotate-half) RoPE over [T, heads, head_dim] tensors."""
+    """Neox-style (rotate-half) RoPE over [T, heads, head_dim] tensors: over the first `dim` dimensions of
+    each head (all of them unless the config rotates a fraction)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int, max_position_embeddings: int, device=None) -> None:
         self.rope = rope
-        self.dim = head_dim
+        self.dim = int(head_dim * rope.partial_factor)
         self.max_position_embeddings = max_position_embeddings
         self.attention_scaling = 1.0
+        self.long_inv_freq: torch.Tensor | None = None
         if rope.rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(rope, head_dim)
+            inv_freq = _llama3_inv_freq(rope, self.dim)
         elif rope.rope_type == "yarn":
-            inv_freq, self.attention_scaling = _yarn_inv_freq(rope, head_dim)
+            inv_freq, self.attention_scaling = _yarn_inv_freq(rope, self.dim)
+        elif rope.rope_type == "longrope":
+            inv_freq, self.long_inv_freq, self.attention_scaling = _longrope_inv_freq(rope, self.dim)
         else:
-            inv_freq = _base_inv_freq(rope.theta, head_dim)
+            inv_freq = _base_inv_freq(rope.theta, self.dim)
             if rope.rope_type == "linear":
                 inv_freq = inv_freq / rope.factor
+        if rope.freq_factors:
+            if len(rope.freq_factors) != self.dim // 2:
+                raise ValueError(f"`{FREQ_FACTORS_KEY}` must have {self.dim // 2} entries (half the rotary "
+                                 f"dimension). Given: {len(rope.freq_factors)}")
+            inv_freq = inv_freq / torch.tensor(rope.freq_factors, dtype=torch.float32)
         self.inv_freq = inv_freq.to(device)
+        if self.long_inv_freq is not None:
+            self.long_inv_freq = self.long_inv_freq.to(device)
 
     def to(self, device) -> RotaryEmbedding:
         self.inv_freq = self.inv_freq.to(device)
+        if self.long_inv_freq is not None:
+            self.long_inv_freq = self.long_inv_freq.to(device)
         return self
 
     def _dynamic_inv_freq(self, token_seq_lens: torch.Tensor) -> torch.Tensor:
@@ -150,17 +194,21 @@ class RotaryEmbedding:
     def cos_sin(
         self, positions: torch.Tensor, token_seq_lens: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """float32 cos and sin, each [T, head_dim/2]. `token_seq_lens` (the length of each token's
-        sequence) is needed by dynamic scaling only."""
+        """float32 cos and sin, each [T, dim/2]. `token_seq_lens` (the length of each token's sequence) is
+        needed by dynamic and longrope scaling only."""
         if self.rope.rope_type == "dynamic" and token_seq_lens is not None:
             freqs = positions.to(torch.float32)[:, None] * self._dynamic_inv_freq(token_seq_lens)
+        elif self.long_inv_freq is not None and token_seq_lens is not None:
+            # each sequence past the original context takes the long factors, as transformers does per forward
+            long = (token_seq_lens > self.rope.original_max_position_embeddings)[:, None]
+            freqs = positions.to(torch.float32)[:, None] * torch.where(long, self.long_inv_freq, self.inv_freq)
         else:
             freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
         return freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
 
     @property
     def needs_seq_lens(self) -> bool:
-        return self.rope.rope_type == "dynamic"
+        return self.rope.rope_type in ("dynamic", "longrope")
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -182,6 +230,10 @@ def rotary_tables(cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> t
 
 
 def apply_rotary_tables(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, H, D]; cos/sin from `rotary_tables`. Bit for bit `apply_rotary`: x1*c + x2*(-s) is x1*c - x2*s."""
-    half = x.shape[-1] // 2
+    """x: [T, H, D]; cos/sin from `rotary_tables`. Bit for bit `apply_rotary`: x1*c + x2*(-s) is x1*c - x2*s.
+    Tables narrower than D rotate the first dimensions and pass the rest through (partial rotary)."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rotary_tables(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    half = rot // 2
     return x * cos + torch.cat((x[..., half:], x[..., :half]), dim=-1) * sin

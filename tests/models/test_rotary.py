@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from tgi_llm.models.rope import RopeConfig, RotaryEmbedding, apply_rotary
+from tgi_llm.models.layers.rotary import RopeConfig, RotaryEmbedding, apply_rotary
 
 HEAD_DIM = 32
 
@@ -89,8 +89,8 @@ def test_legacy_rope_scaling_format_is_read():
 
 
 def test_unsupported_rope_type_is_rejected():
-    with pytest.raises(ValueError, match="longrope"):
-        RopeConfig.from_hf({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}})
+    with pytest.raises(ValueError, match="mrope"):
+        RopeConfig.from_hf({"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}})
 
 
 def test_apply_rotary_matches_rotate_half_form():

@@ -1,53 +1,18 @@
-"""Our paged Llama-family forward against transformers' eager implementation."""
+"""The paged decoder (Llama, Mistral, Qwen2 checkpoints) against transformers' eager implementation."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.models.parity import PagedRun, random_prompts, reference_logits, reference_model, rel_err
 from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models import load_model
-from tgi_llm.models.llama import Linear
+from tgi_llm.models.layers.linear import Linear
 from tgi_llm.quant.kernels import quant_kernels
 
 torch.set_num_threads(2)
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a - b).abs().max() / b.abs().max()).item()
-
-
-def reference_model(model_dir):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager").eval()
-
-
-@torch.no_grad()
-def reference_logits(ref, tokens: list[int]) -> torch.Tensor:
-    return ref(torch.tensor([tokens])).logits[0]
-
-
-class PagedRun:
-    """A model plus its own KV cache and batcher: one `step` is one flat mixed forward."""
-
-    def __init__(self, model, config, batcher) -> None:
-        self.model = model
-        self.batcher = batcher
-        self.caches = allocate_kv_cache(config, batcher.num_blocks, batcher.block_size)
-
-    def step(self, chunks: list[tuple[int, list[int]]]) -> list[torch.Tensor]:
-        """Logits of every new token, split per sequence."""
-        ids, positions, attn = self.batcher.step(chunks)
-        logits = self.model.compute_logits(self.model(ids, positions, self.caches, attn))
-        assert logits.dtype == torch.float32
-        return list(logits.split(attn.query_lens_cpu))
-
-
-def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
 VARIANTS = {
@@ -252,7 +217,7 @@ def test_a_quantized_model_has_no_float_linears_to_place(tiny_model_factory, cap
 
     from tgi_llm.quant.modes import Quantization
 
-    with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
+    with caplog.at_level(logging.INFO, logger="tgi_llm.models.loader"):
         model, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
     assert model.float_kernels is None and model.lm_head_desc is None and model.lm_head_packed is None
     assert not any("float32 linears" in m or "packed for oneDNN" in m for m in caplog.messages)
@@ -276,14 +241,14 @@ def test_weights_in_huge_pages_compute_what_ordinary_ones_do(tiny_model_factory,
         model, config = load_model(model_dir, quantization=Quantization(quantize, 32 if quantize == "int8" else None))
         return PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32)).step(list(enumerate(prompts)))
 
-    with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
+    with caplog.at_level(logging.INFO, logger="tgi_llm.models.loader"):
         placed = logits()
     # quantized codes always move; float weights when the C kernels take them (oneDNN packs its own)
     expected = quantize == "int8" or quant_kernels() is not None
     assert any("weights in huge pages" in m for m in caplog.messages) == expected
     use_settings(huge_pages=False)
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="tgi_llm.models.llama"):
+    with caplog.at_level(logging.INFO, logger="tgi_llm.models.loader"):
         ordinary = logits()
     assert not any("weights in huge pages" in m for m in caplog.messages)
     for a, b in zip(placed, ordinary, strict=True):
