@@ -34,6 +34,7 @@ class FakeTritonClient:
     release: asyncio.Event | None = None
     closed: bool = False
     final_alone: bool = False  # send the end (reason, counts) in a token-less response after the last token
+    script: list[str] | None = None  # the token texts to generate instead of " w0 w1 ..."
 
     async def stream(self, spec: GenerateSpec, request_id: str) -> AsyncIterator[Chunk]:
         self.specs.append(spec)
@@ -47,6 +48,8 @@ class FakeTritonClient:
             if spec.inputs == "crash":  # a bug: what no handler expects
                 raise RuntimeError("unexpected\nsecond line")
             n = params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS
+            if self.script is not None:
+                n = min(n, len(self.script))
             reason = "length"
             if spec.inputs == "eos":
                 n, reason = 3, "eos_token"
@@ -59,7 +62,7 @@ class FakeTritonClient:
                     if self.release is None:  # made here: an asyncio.Event belongs to the server's loop
                         self.release = asyncio.Event()
                     await self.release.wait()
-                piece = word(i)
+                piece = self.script[i] if self.script is not None else word(i)
                 text += piece
                 hit_stop = any(s in text for s in stops)
                 last = i == n - 1 or hit_stop

@@ -36,6 +36,8 @@ class FrontConfig:
     limits: InfoLimits = InfoLimits()
     model_dtype: str | None = None
     model_device_type: str | None = None
+    #: "auto": a thinking model's <think> part is returned as `reasoning_content`; "none": left inline.
+    reasoning_format: str = "auto"
     version: str = __version__
 
     @property

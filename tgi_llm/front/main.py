@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import fields
 
 from tgi_llm.front.config import FrontConfig, InfoLimits
+from tgi_llm.front.reasoning import REASONING_FORMATS
 from tgi_llm.gateway.body import DEFAULT_PAYLOAD_LIMIT
 
 logger = logging.getLogger("tgi_llm.front")
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-dir", default=None, help="HF directory with the tokenizer (chat template, /tokenize)")
     p.add_argument("--api-key", default=_env("API_KEY"), help="require `Authorization: Bearer <key>`")
     p.add_argument("--dtype", default=None)
+    p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
+                   help="auto: a thinking model's <think> part as `reasoning_content`; none: left in the content")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
     p.add_argument("--json-output", action="store_true", help="log JSON lines, as the launcher's --json-output")
     p.add_argument("--payload-limit", type=int, default=int(_env("PAYLOAD_LIMIT", str(DEFAULT_PAYLOAD_LIMIT))))
@@ -52,6 +55,7 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
         payload_limit=args.payload_limit,
         limits=limits,
         model_dtype=args.dtype,
+        reasoning_format=args.reasoning_format,
     )
 
 

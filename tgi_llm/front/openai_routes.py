@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -16,6 +17,7 @@ from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.generation import Generation, openai_finish_reason
 from tgi_llm.front.merge import merge_streams
 from tgi_llm.front.protocol import Chunk, GenerateSpec, TokenInfo
+from tgi_llm.front.reasoning import ReasoningSplitter
 from tgi_llm.front.response_format import response_format_grammar
 from tgi_llm.front.schemas import (
     ChatChoice,
@@ -117,7 +119,7 @@ def build_router(state: FrontState) -> APIRouter:
             raise validation("`top_logprobs` requires `logprobs` == true")
         tool_text = tool_prompt(tools, req.tool_prompt) if tools is not None else None
         prompt = render_chat(state.tokenizer, req.messages, req.tools if tools is not None else None, tool_text,
-                             state.check_length)
+                             state.check_length, req.chat_template_kwargs)
         params = req.to_engine() | {"details": True}
         if tools is not None or grammar is not None:
             params["grammar"] = tools.grammar if tools is not None else grammar
@@ -134,52 +136,72 @@ def build_router(state: FrontState) -> APIRouter:
         if req.stream:
             merged = merge_streams(streams)
             first = await peek(merged)
-            return SSEResponse(chat_events(req, tools, stamp, first, merged))
+            return SSEResponse(chat_events(req, tools, stamp, first, merged, spec.inputs))
         gens = await until_disconnect(request, asyncio.gather(*(Generation.collect(s) for s in streams)))
         body = ChatCompletion(
-            **stamp.fields, choices=[chat_choice(req, tools, k, g) for k, g in enumerate(gens)],
+            **stamp.fields, choices=[chat_choice(req, tools, k, g, spec.inputs) for k, g in enumerate(gens)],
             usage=_usage(gens[0].input_tokens, sum(g.generated_tokens for g in gens), gens[0].cached_tokens),
-        )
-        return JSONResponse(body.model_dump())
+        ).model_dump()
+        for choice in body["choices"]:  # only thinking models' answers carry the field
+            if choice["message"]["reasoning_content"] is None:
+                del choice["message"]["reasoning_content"]
+        return JSONResponse(body)
 
-    def chat_choice(req: ChatRequest, tools: ToolPlan | None, index: int, gen: Generation) -> ChatChoice:
+    def chat_choice(req: ChatRequest, tools: ToolPlan | None, index: int, gen: Generation, prompt: str) -> ChatChoice:
         finish = openai_finish_reason(gen.finish_reason) or "length"
-        message = ChatCompletionMessage(content=gen.text)
-        answer = parse_answer(gen.text) if tools is not None else None
+        reasoning, text = None, gen.text
+        if state.splits_reasoning:
+            reasoning, text = ReasoningSplitter.for_prompt(prompt).split(gen.text)
+        message = ChatCompletionMessage(content=text, reasoning_content=reasoning)
+        answer = parse_answer(text) if tools is not None else None
         if answer is not None and answer.is_call:
             call = ToolCall(id=call_id(), function=FunctionCall(name=answer.name, arguments=answer.arguments))
-            message, finish = ChatCompletionMessage(content=None, tool_calls=[call]), "tool_calls"
+            message = ChatCompletionMessage(content=None, reasoning_content=reasoning, tool_calls=[call])
+            finish = "tool_calls"
         elif answer is not None:
-            message = ChatCompletionMessage(content=answer.content)
+            message = ChatCompletionMessage(content=answer.content, reasoning_content=reasoning)
         return ChatChoice(index=index, message=message, finish_reason=finish,
                           logprobs=_logprobs(gen.tokens, gen.top_tokens) if req.logprobs else None)
 
     async def chat_events(
         req: ChatRequest, tools: ToolPlan | None, stamp: _Stamp, first: tuple[int, Chunk],
-        rest: AsyncIterator[tuple[int, Chunk]],
+        rest: AsyncIterator[tuple[int, Chunk]], prompt: str,
     ) -> AsyncIterator[bytes]:
         def chunk_event(index: int, text: str | None, tokens: list[TokenInfo], tops: list[list[TokenInfo]],
-                        finish: str | None, tool_calls: list | None = None) -> bytes:
+                        finish: str | None, tool_calls: list | None = None, reasoning: str | None = None) -> bytes:
             choice = ChatChunkChoice(
                 index=index,
-                delta=ChatDelta(content=text, tool_calls=tool_calls),
+                delta=ChatDelta(content=text, tool_calls=tool_calls, reasoning_content=reasoning),
                 logprobs=_logprobs(tokens, tops) if req.logprobs and tokens else None,
                 finish_reason=finish,
             )
             body = ChatCompletionChunk(**stamp.fields, choices=[choice]).model_dump()
             delta = body["choices"][0]["delta"]
-            for key in ("content", "tool_calls"):  # OpenAI sends a delta's content or its tool calls
+            for key in ("content", "tool_calls", "reasoning_content"):  # only what the delta carries
                 if delta[key] is None:
                     del delta[key]
             return event(body)
 
         calls: dict[int, ToolCallStream] = {}
+        splitters: dict[int, ReasoningSplitter] = {}
         usage = [0, 0, 0]
         try:
             item: tuple[int, Chunk] | None = first
             while item is not None:
                 k, chunk = item
                 finish = openai_finish_reason(chunk.finish_reason or "length") if chunk.final else None
+                if state.splits_reasoning:  # the <think> part as reasoning deltas, the rest as the answer's
+                    splitter = splitters.setdefault(k, ReasoningSplitter.for_prompt(prompt))
+                    reasoning, text = splitter.feed(chunk.text)
+                    if chunk.final:
+                        more_reasoning, more_text = splitter.finish()
+                        reasoning, text = reasoning + more_reasoning, text + more_text
+                    if reasoning:
+                        yield chunk_event(k, None, [] if text else chunk.tokens, [] if text else chunk.top_tokens,
+                                          None, reasoning=reasoning)
+                        if not text:
+                            chunk = replace(chunk, tokens=[], top_tokens=[])
+                    chunk = replace(chunk, text=text)
                 if tools is not None:  # a tool call: its pieces as they form, the call or the text at the end
                     stream = calls.setdefault(k, ToolCallStream())
                     for piece in stream.feed(chunk.text):
@@ -192,7 +214,7 @@ def build_router(state: FrontState) -> APIRouter:
                             yield chunk_event(k, None, [], [], "tool_calls")
                         else:
                             yield chunk_event(k, answer.content if answer is not None else stream.text, [], [], finish)
-                elif len(chunk.tokens) > 1:  # one event per token, as TGI streams
+                elif len(chunk.tokens) > 1 and not state.splits_reasoning:  # one event per token, as TGI streams
                     for i, tok in enumerate(chunk.tokens):
                         last = i == len(chunk.tokens) - 1
                         yield chunk_event(k, tok.text, [tok], chunk.top_tokens[i : i + 1], finish if last else None)

@@ -230,6 +230,7 @@ class ChatRequest(SamplingRequest):
     tool_choice: Any = None
     tool_prompt: str | None = None  # TGI's: what precedes the tool descriptions in the prompt
     response_format: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None  # e.g. Qwen3's and SmolLM3's `enable_thinking`
 
     def to_engine(self) -> dict[str, Any]:
         params = super().to_engine()
@@ -294,6 +295,7 @@ class ToolCall(BaseModel):
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None  # a thinking model's <think> part (left out of the body when None)
     tool_calls: list[ToolCall] | None = None
 
 
@@ -317,6 +319,7 @@ class ChatCompletion(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # OpenAI's streamed pieces: index, id, type, function
 
 

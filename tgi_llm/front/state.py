@@ -19,6 +19,7 @@ from tgi_llm.engine.validation import longest_token_chars, too_long
 from tgi_llm.front.config import FrontConfig
 from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.protocol import GenerateSpec, TritonGenerateClient
+from tgi_llm.front.reasoning import has_reasoning_tags
 from tgi_llm.gateway.body import BadJson, load_json
 
 #: JSON nesting the front parses (chat messages with content parts and tool schemas stay far below).
@@ -37,10 +38,13 @@ class FrontState:
     #: as many threads as TGI's --validation-workers (its tokenizer workers).
     workers: ThreadPoolExecutor = field(init=False)
     max_token_chars: int | None = field(init=False)
+    #: Whether chat answers split a <think> part into `reasoning_content` (front/reasoning.py).
+    splits_reasoning: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.workers = ThreadPoolExecutor(max(1, self.config.limits.validation_workers), "front-cpu")
         self.max_token_chars = longest_token_chars(self.tokenizer) if self.tokenizer is not None else None
+        self.splits_reasoning = self.config.reasoning_format == "auto" and has_reasoning_tags(self.tokenizer)
 
     @staticmethod
     def new_request_id() -> str:

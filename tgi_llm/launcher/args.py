@@ -92,6 +92,9 @@ FLAGS: list[Flag] = [
     Flag("grpc_port", int, 8001, "Triton gRPC port (streaming inference)"),
     Flag("metrics_port", int, 8002, "Triton metrics port (tgi_* and nv_* metrics)"),
     Flag("port", int, 3000, "TGI- and OpenAI-compatible HTTP API (TGI's port); 0 disables it"),
+    Flag("reasoning_format", default="auto", choices=("auto", "none"),
+         help="auto: a thinking model's <think>...</think> part is returned as OpenAI's `reasoning_content` "
+              "(where the tokenizer has those tokens); none: left in the content"),
     Flag("api_key", help="Require `Authorization: Bearer <key>` for generation on every port (health and "
                          "metrics stay open)"),
     Flag("payload_limit", int, 2_000_000, "Largest request body (HTTP) or message (gRPC) in bytes, on every port"),

@@ -28,6 +28,7 @@ def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfi
         "--model-name", MODEL_NAME, "--model-id", args.model_id or _default_model_id(),
         "--tokenizer-dir", str(model_dir), "--log-level", args.log_level,
         "--payload-limit", str(args.payload_limit), "--request-read-timeout", str(args.request_read_timeout),
+        "--reasoning-format", args.reasoning_format,
     ]
     if args.dtype:
         command += ["--dtype", args.dtype]

@@ -167,7 +167,8 @@ def _run_all(name: str, commands: list[list[str]]) -> None:
     exception here (a SIGTERM's SystemExit) kills the compilers still running."""
     procs: list[subprocess.Popen] = []
     try:
-        procs = [subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for c in commands]
+        for c in commands:  # each kept as it starts: a SIGTERM between two starts still kills the first
+            procs.append(subprocess.Popen(c, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         deadline = time.monotonic() + COMPILE_TIMEOUT_S
         errors = [p.communicate(timeout=max(0.0, deadline - time.monotonic()))[1] for p in procs]
     finally:
