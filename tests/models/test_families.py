@@ -40,6 +40,10 @@ FAMILIES = {
                             "logits_scaling": 2.5}, "granite"),
     "olmo2": ("olmo2", {}, "olmo2"),
     "smollm3": ("smollm3", {"num_hidden_layers": 4, "no_rope_layer_interval": 2, "pad_token_id": 0}, "smollm3"),
+    "mixtral": ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}, "mixtral"),
+    "qwen3-moe": ("qwen3_moe", {**_SMALL_HEADS, "num_experts": 4, "num_experts_per_tok": 2,
+                                "moe_intermediate_size": 48, "num_hidden_layers": 3, "mlp_only_layers": [1],
+                                "norm_topk_prob": True}, "qwen3_moe"),
 }
 
 
@@ -125,7 +129,8 @@ def test_what_no_family_serves_is_refused_at_load(tmp_path, cfg, match):
 
 
 #: Families served end to end (with the default model's tokenizer, so the vocabulary is its 49,152).
-_SERVED = ["mistral-window", "qwen3", "gemma2", "gemma3", "phi3", "granite", "olmo2", "smollm3"]
+_SERVED = ["mistral-window", "qwen3", "gemma2", "gemma3", "phi3", "granite", "olmo2", "smollm3", "mixtral",
+           "qwen3-moe"]
 
 
 @pytest.mark.parametrize("name", _SERVED)

@@ -94,6 +94,7 @@ def random_prompts(lengths: list[int], vocab: int) -> list[list[int]]:
     ("phi3", {"pad_token_id": 0}),  # fused qkv and gate/up weights: each part split on its own
     ("qwen3", {"head_dim": 16}),  # per-head q/k norms
     ("gemma2", {"head_dim": 16, "sliding_window": 6, "num_hidden_layers": 4}),  # norms after the reduce, soft-caps
+    ("mixtral", {"num_local_experts": 4, "sliding_window": None}),  # each expert split; the router on every rank
 ])
 def test_two_shard_prefill_and_decode_logits_match_one_shard(tiny_model_factory, model_type, overrides):
     model_dir = tiny_model_factory(model_type, **overrides)  # 4 heads, 2 KV heads: divisible by 2

@@ -23,6 +23,19 @@ class NormNames:
 
 
 @dataclass(frozen=True)
+class MoeSpec:
+    """A mixture-of-experts MLP: its experts' checkpoint names and routing."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # each expert's
+    normalize: bool  # renormalize the chosen experts' probabilities (Mixtral; Qwen3-MoE's norm_topk_prob)
+    prefix: str  # the layer's MoE module: "block_sparse_moe" (Mixtral) or "mlp" (Qwen3-MoE)
+    names: tuple[str, str, str]  # each expert's gate, up and down: ("w1", "w3", "w2") for Mixtral
+    sparse_layers: tuple[bool, ...]  # per layer: experts (True) or a dense MLP
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     model_type: str
     family: str  # the registry's name for the architecture that serves it (models/families)
@@ -62,6 +75,7 @@ class ModelConfig:
     local_rope: RopeConfig | None = None
     fused_qkv: bool = False  # Phi-3: one qkv_proj weight in the checkpoint
     fused_gate_up: bool = False  # Phi-3: one gate_up_proj weight
+    moe: MoeSpec | None = None  # Mixtral, Qwen3-MoE
     #: Why this architecture cannot be split over shards (None: it can).
     tensor_parallel_refusal: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -81,7 +95,7 @@ class ModelConfig:
         return (self.hidden_act in ("silu", "swish") and self.norms == NormNames() and self.qk_norm is None
                 and self.embedding_multiplier == 1.0 and self.residual_multiplier == 1.0
                 and self.attention_scale is None and self.attn_logit_softcap is None
-                and all(self.rope_layers) and self.local_rope is None
+                and all(self.rope_layers) and self.local_rope is None and self.moe is None
                 and self.rope.partial_factor == 1.0)
 
     @property

@@ -23,6 +23,7 @@ from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.layer_stack import FusedLayerStack
 from tgi_llm.models.layers.activation import activation
 from tgi_llm.models.layers.linear import Linear, float_linear_kernels, pack_weight_for_cpu, packed_linear, whole_panels
+from tgi_llm.models.layers.moe import SparseMoe
 from tgi_llm.models.layers.norm import RMSNorm
 from tgi_llm.models.layers.rotary import RotaryEmbedding, apply_rotary_tables, rotary_tables
 from tgi_llm.models.weight_loader import WeightLoader
@@ -84,12 +85,16 @@ class DecoderLayer(nn.Module):
             qkv_names = [f"{attn}.q_proj", f"{attn}.k_proj", f"{attn}.v_proj"]
             self.qkv = weights.linear(qkv_names, "column", config.qkv_bias, Linear)
         self.o_proj = weights.linear([f"{attn}.o_proj"], "row", config.o_bias, Linear)
-        if config.fused_gate_up:
+        self.moe = None
+        if config.moe is not None and config.moe.sparse_layers[index]:
+            self.moe = _experts(config, weights, p)
+        elif config.fused_gate_up:
             inter = config.intermediate_size
             self.gate_up = weights.fused_linear(f"{mlp}.gate_up_proj", [inter, inter], config.mlp_bias, Linear)
         else:
             self.gate_up = weights.linear([f"{mlp}.gate_proj", f"{mlp}.up_proj"], "column", config.mlp_bias, Linear)
-        self.down = weights.linear([f"{mlp}.down_proj"], "row", config.mlp_bias, Linear)
+        if self.moe is None:
+            self.down = weights.linear([f"{mlp}.down_proj"], "row", config.mlp_bias, Linear)
 
     def _attention_input(self, hidden: torch.Tensor, rope: RopeTables) -> tuple[torch.Tensor, ...]:
         """q [T, Hq, D], k and v [T, Hkv, D]: normalized and rotated as the family does."""
@@ -135,8 +140,22 @@ class DecoderLayer(nn.Module):
         hidden = self._residual(hidden, o, self.attn_out_norm)
 
         x = self.mlp_norm(hidden) if self.mlp_norm is not None else hidden
+        if self.moe is not None:
+            return self._residual(hidden, tp_ops.reduce(self.moe(x), self.shard), self.mlp_out_norm)
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self._residual(hidden, tp_ops.reduce(self.down(self.act(gate) * up), self.shard), self.mlp_out_norm)
+
+
+def _experts(config: ModelConfig, weights: WeightLoader, layer: str) -> SparseMoe:
+    moe = config.moe
+    p = f"{layer}.{moe.prefix}"
+    gate, up, down = moe.names
+    return SparseMoe(
+        weights.floats.get_tensor(f"{p}.gate.weight"),
+        [weights.linear([f"{p}.experts.{e}.{gate}", f"{p}.experts.{e}.{up}"], "column", False, Linear)
+         for e in range(moe.num_experts)],
+        [weights.linear([f"{p}.experts.{e}.{down}"], "row", False, Linear) for e in range(moe.num_experts)],
+        moe.top_k, moe.normalize, activation(config.hidden_act))
 
 
 class CausalLM(nn.Module):
