@@ -39,6 +39,9 @@ class MatmulFloor:
     """The linears of one decode step of `batch` sequences, in the model's layer order."""
 
     def __init__(self, model: CausalLM, batch: int, plain: bool = False) -> None:
+        if model.config.moe is not None:
+            raise ValueError(f"the matmul floor measures dense models; {model.config.family} routes its MLPs to "
+                             "experts")
         self.model, self.batch = model, batch
         dtype = model.dtype
         linears = [m for layer in model.layers for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
