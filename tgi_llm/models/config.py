@@ -81,7 +81,8 @@ class ModelConfig:
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        activation(self.hidden_act)  # a ValueError naming the field where no activation of that name exists
+        if self.family != "transformers":  # (transformers' code runs its own activations)
+            activation(self.hidden_act)  # a ValueError naming the field where no activation of that name exists
 
     @property
     def num_queries_per_kv(self) -> int:

@@ -14,6 +14,8 @@ from tgi_llm.models.decoder import CausalLM
 from tgi_llm.models.layer_stack import layer_stack_library
 from tgi_llm.models.layers.linear import float_linear_kernels
 from tgi_llm.models.registry import read_config_dir
+from tgi_llm.models.transformers_backed import FAMILY as BACKED
+from tgi_llm.models.transformers_backed import load_backed_model
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear
 from tgi_llm.quant.modes import Quantization
@@ -54,6 +56,11 @@ def load_model(
     Except a GGUF left to the default on an AMX CPU: its tiles multiply bfloat16 weights in place.
     torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md)."""
     config = read_config_dir(model_dir)
+    if config.family == BACKED:
+        if quantization is not None and quantization.mode != "float" or shard.world_size > 1:
+            raise ValueError(f"{config.model_type} runs through transformers' modeling code: float weights on one "
+                             "shard only (no --quantize, no --num-shard)")
+        return load_backed_model(model_dir, config, dtype, device), config
     cpu_bf16 = (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and shard.world_size == 1
                 and (kernels := float_linear_kernels(torch.float32)) is not None)
     codes_in_bf16 = cpu_bf16 and (quantization is not None or not kernels.amx)  # where quantized weights stay

@@ -1,0 +1,190 @@
+"""Any decoder-only causal LM transformers ships, served with transformers' own modeling code and our paged
+attention (the way vLLM's and SGLang's Transformers backends work).
+
+Our attention is registered under transformers' attention interface (`AttentionInterface`), and a mask
+function that builds no mask under its mask interface: every attention layer of the model then calls
+`paged_attention` with its q/k/v for the step's flat batch (one "batch row" of T tokens, positions given
+per token), which writes K/V into our blocks and attends over each sequence's blocks with the layer's
+scale, sliding window and soft-cap. Continuous batching, the prefix cache, chunked prefill, grammars and
+every API then work as for a native family; only the rows the sampler needs go through the LM head.
+
+Start-up refuses what this cannot serve: encoder-decoder and multimodal checkpoints, and models with layers
+that are not attention (state-space, linear attention): a warm-up forward must reach `paged_attention`
+once per layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from tgi_llm.attention import AttentionBackend, select_attention_backend
+from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.models.config import ModelConfig
+from tgi_llm.models.layers.rotary import RopeConfig
+
+logger = logging.getLogger(__name__)
+
+FAMILY = "transformers"
+ATTENTION = "tgi_llm_paged"
+
+
+@dataclass
+class _Step:
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]]
+    attn: AttentionMetadata
+    backend: AttentionBackend
+    layers: set[int] = field(default_factory=set)  # the layers that attended through us this step
+
+
+_STEP: _Step | None = None  # the forward in progress (the engine runs one step at a time)
+
+
+def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                    sliding_window: int | None = None, softcap: float | None = None, **_kwargs: Any
+                    ) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function contract: q [1, Hq, T, D], k/v [1, Hkv, T, D] -> ([1, T, Hq, D], None)."""
+    step = _STEP
+    if step is None:
+        raise RuntimeError("paged attention called outside a step")
+    layer = module.layer_idx
+    step.layers.add(layer)
+    k_cache, v_cache = step.kv_caches[layer]
+    if key.shape[1] != k_cache.shape[2] or key.shape[3] != k_cache.shape[3]:
+        raise ValueError(f"layer {layer} attends with {key.shape[1]} KV heads of {key.shape[3]}; the config said "
+                         f"{k_cache.shape[2]} of {k_cache.shape[3]} (num_key_value_heads, head_dim)")
+    q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = step.backend.forward(q, k, v, k_cache, v_cache, step.attn, scale,
+                               **({} if sliding_window is None and softcap is None
+                                  else {"window": sliding_window, "softcap": softcap}))
+    return out[None], None
+
+
+def _no_mask(*_args: Any, **_kwargs: Any) -> None:
+    return None
+
+
+def register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, paged_attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+def _refusal(cfg: Any) -> str | None:
+    """Why transformers' code for this config cannot be served here (None: it can be tried)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if getattr(cfg, "is_encoder_decoder", False):
+        return "it is an encoder-decoder model"
+    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return "transformers has no causal LM of this type"
+    if not getattr(cfg, "num_attention_heads", None):
+        return "it has no attention layers"
+    if any(hasattr(cfg, name) for name in ("vision_config", "audio_config", "text_config")):
+        return "it takes multimodal inputs"
+    other = set(getattr(cfg, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
+    if other:
+        return f"it has layers that are not attention ({', '.join(sorted(other))})"
+    return None
+
+
+def backed_config(raw: dict[str, Any], why_not_native: str) -> ModelConfig:
+    """The facts the engine needs (KV cache shape, context) from transformers' reading of the config, or a
+    ValueError saying why the checkpoint cannot be served at all."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.for_model(**raw)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{why_not_native}; transformers does not know it either ({exc})") from None
+    refusal = _refusal(cfg)
+    if refusal is not None:
+        raise ValueError(f"{why_not_native}; not served through transformers either: {refusal}")
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return ModelConfig(
+        model_type=cfg.model_type, family=FAMILY, hidden_size=cfg.hidden_size,
+        intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=heads,
+        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads, head_dim=head_dim,
+        vocab_size=cfg.vocab_size, rms_norm_eps=1e-6, rope=RopeConfig(),
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
+        tensor_parallel_refusal="a model served through transformers' modeling code runs on one shard",
+        raw=dict(raw),
+    )
+
+
+class TransformersCausalLM(nn.Module):
+    """A transformers causal LM behind the runner's model contract (forward over a flat paged batch,
+    compute_logits for the sampled rows)."""
+
+    def __init__(self, hf_model: nn.Module, config: ModelConfig) -> None:
+        super().__init__()
+        self.hf = hf_model
+        self.config = config
+        self.attention_backend: AttentionBackend | None = None
+        self.float_kernels = None  # the native models' C linears: not here
+        self.checked = False
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.hf.parameters()).dtype
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.hf.parameters()).device
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], attn: AttentionMetadata) -> torch.Tensor:
+        global _STEP
+        if self.attention_backend is None:
+            self.attention_backend = select_attention_backend(input_ids.device, attn.block_size)
+        _STEP = step = _Step(kv_caches, attn, self.attention_backend)
+        try:
+            out = self.hf.get_decoder()(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
+        finally:
+            _STEP = None
+        if not self.checked:
+            missing = self.config.num_hidden_layers - len(step.layers)
+            if missing:
+                raise ValueError(f"{self.config.model_type}: {missing} of {self.config.num_hidden_layers} layers do "
+                                 "not use transformers' attention interface (state-space or linear attention); "
+                                 "not served")
+            self.checked = True
+        return out.last_hidden_state[0]
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head over the sampled rows, with the scalings transformers' causal LMs apply after it."""
+        cfg = self.hf.config
+        logits = self.hf.get_output_embeddings()(hidden).float()
+        if (scale := getattr(cfg, "logit_scale", None)) is not None:  # Cohere
+            logits = logits * scale
+        if (divisor := getattr(cfg, "logits_scaling", None)) is not None:  # Granite-style
+            logits = logits / divisor
+        if (cap := getattr(cfg, "final_logit_softcapping", None)) is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+def load_backed_model(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
+                      device: str | torch.device) -> TransformersCausalLM:
+    from transformers import AutoModelForCausalLM
+
+    register()
+    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, attn_implementation=ATTENTION)
+    model = TransformersCausalLM(hf.to(device).eval(), config)
+    logger.info("loaded %s (%s, served through transformers' modeling code with paged attention: no native "
+                "family; %d layers, hidden %d) as %s on %s", model_dir, config.model_type,
+                config.num_hidden_layers, config.hidden_size, dtype, device)
+    return model
