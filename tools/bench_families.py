@@ -39,12 +39,14 @@ FAMILIES = {
                             "logits_scaling": 8.0}),
     "olmo2": ("olmo2", {}),
     "smollm3": ("smollm3", {}),
+    "gemma": ("gemma", {}),
+    "starcoder2 (transformers)": ("starcoder2", {"sliding_window": 4096}),  # no native family: transformers' code
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 def checkpoint(name: str, root: Path) -> Path:
-    path = root / name
+    path = root / name.split()[0]
     if (path / "config.json").is_file():
         return path
     import transformers

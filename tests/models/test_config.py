@@ -72,7 +72,7 @@ def test_architecture_name_is_enough():
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"model_type": "gpt2"}, "gpt2"),
+        ({"model_type": "no-such-model"}, "transformers does not know it either"),
         ({"hidden_act": "relu2"}, "`hidden_act` 'relu2' is not supported"),
         ({"num_key_value_heads": 4}, "multiple"),
     ],

@@ -90,14 +90,33 @@ def test_chunks_and_decodes_match_the_whole_sequence(tiny_model_factory, paged_b
         assert rel_err(torch.cat(got[s]), reference_logits(ref, tokens)) < 1e-4
 
 
-def test_only_plain_llama_layers_take_the_c_layer_stack(tiny_model_factory):
+def test_what_the_c_layer_stack_does_not_implement_keeps_the_torch_layers(tiny_model_factory):
     from tgi_llm.models.layer_stack import _why_not
 
-    _, qwen3, _ = _family_model(tiny_model_factory, "qwen3")
-    assert not qwen3.config.is_plain_llama
-    assert "qwen3 layers" in _why_not(qwen3, [])
-    llama, _ = load_model(tiny_model_factory("llama"))
-    assert llama.config.is_plain_llama
+    refused = {"gemma2": "soft-capped attention scores", "mixtral": "a mixture of experts",
+               "phi3-partial-rotary": "rope on part of each head"}
+    for name, what in refused.items():
+        _, model, _ = _family_model(tiny_model_factory, name)
+        assert model.config.layer_stack_refusal == what
+        assert what in _why_not(model, [])
+    for name in ("qwen3", "gemma3", "olmo2", "granite", "smollm3", "phi3"):
+        assert _family_model(tiny_model_factory, name)[1].config.layer_stack_refusal is None
+
+
+@pytest.mark.parametrize("name", ["qwen3", "gemma", "gemma3", "olmo2", "granite", "smollm3"])
+def test_the_c_layer_stack_runs_each_family_it_implements(tiny_model_factory, paged_batcher, c_kernels, name):
+    """Prompt steps and decode steps through the stack, checked on the live model against the torch layers
+    (and here against transformers): q/k norms, norms after blocks, residual scales, layers without rope,
+    local rope tables, the tanh-GELU gate."""
+    model_dir, model, config = _family_model(tiny_model_factory, name)
+    ref = reference_model(model_dir)
+    tokens = random_prompts([6], config.vocab_size, seed=5)[0]
+    run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=16))
+    got = run.step([(0, tokens[:3])]) + run.step([(0, tokens[3:4])]) + run.step([(0, tokens[4:5])])
+    got += run.step([(0, tokens[5:])])
+    stack = model._layer_stack(run.caches)
+    assert stack is not None and stack.checked == {"mixed", "decode"} and stack.agrees
+    assert rel_err(torch.cat(got), reference_logits(ref, tokens)) < 1e-4
 
 
 def test_a_sliding_window_model_runs_the_c_layer_stack_until_a_sequence_outgrows_the_window(

@@ -84,6 +84,6 @@ def _check_fused_stack(lib, tiny_model_factory, paged_batcher) -> None:
     hidden = tp_ops.embed(ids, model.embed_quant, model.shard)  # int4 on load: the table is quantized too
     cos, sin = rotary_tables(*model.rotary.cos_sin(positions, None), torch.float32)
     stack = layer_stack.FusedLayerStack(lib, model, kv)
-    got = stack._run(hidden.clone(), cos, sin, attn)
+    got = stack._run(hidden.clone(), {"global": (cos, sin)}, attn)
     want = model._layers(hidden, {"global": (cos, sin)}, kv, attn)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

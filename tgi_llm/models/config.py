@@ -10,6 +10,9 @@ import torch
 from tgi_llm.models.layers.activation import activation
 from tgi_llm.models.layers.rotary import RopeConfig
 
+#: hidden_act -> the C layer stack's activation_t (native/abi.py Activation).
+LAYER_STACK_ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu_fast": 1}
+
 
 @dataclass(frozen=True)
 class NormNames:
@@ -89,15 +92,20 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @property
-    def is_plain_llama(self) -> bool:
-        """Whether every layer is the Llama layer the C layer stack implements (norms before each block,
-        SiLU gate, rope on every head dimension, no multipliers, no soft-caps), up to a sliding window: the
-        stack takes a step only while no sequence has outgrown it (`narrowest_window`)."""
-        return (self.hidden_act in ("silu", "swish") and self.norms == NormNames() and self.qk_norm is None
-                and self.embedding_multiplier == 1.0 and self.residual_multiplier == 1.0
-                and self.attention_scale is None and self.attn_logit_softcap is None
-                and all(self.rope_layers) and self.local_rope is None and self.moe is None
-                and self.rope.partial_factor == 1.0)
+    def layer_stack_refusal(self) -> str | None:
+        """What in these layers the C layer stack does not implement (None: it runs them). It has norms
+        before and after each block, q/k norms, layers without rope or with local rope tables, residual
+        scales and SiLU or tanh-GELU gates; sliding windows only while no sequence has outgrown them
+        (`narrowest_window`)."""
+        if self.moe is not None:
+            return "a mixture of experts"
+        if self.attn_logit_softcap is not None:
+            return "soft-capped attention scores"
+        if self.rope.partial_factor != 1.0 or (self.local_rope is not None and self.local_rope.partial_factor != 1.0):
+            return "rope on part of each head"
+        if self.hidden_act not in LAYER_STACK_ACTIVATIONS:
+            return f"the {self.hidden_act} activation"
+        return None
 
     @property
     def narrowest_window(self) -> int | None:

@@ -278,8 +278,7 @@ class CausalLM(nn.Module):
             hidden = hidden * self.config.embedding_multiplier
         fused = self._layer_stack(kv_caches)
         if fused is not None and fused.takes(attn, input_ids.shape[0]):
-            cos, sin = rope["global"]
-            return fused.run(hidden, cos, sin, attn, lambda: self._layers(hidden, rope, kv_caches, attn))
+            return fused.run(hidden, rope, attn, lambda: self._layers(hidden, rope, kv_caches, attn))
         return self._layers(hidden, rope, kv_caches, attn)
 
     def _rope_tables(self, positions: torch.Tensor, attn: AttentionMetadata) -> RopeTables:

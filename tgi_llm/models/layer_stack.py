@@ -29,13 +29,17 @@ import torch
 from tgi_llm.attention.cpu_kernels import MAX_PREFILL_GROUP, PrefillSequence, cpu_attention_kernels, prefill_arguments
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
+from tgi_llm.models.config import LAYER_STACK_ACTIVATIONS
 from tgi_llm.native import CheckedKernels
-from tgi_llm.native.abi import Layer, Prompts, WeightKind
+from tgi_llm.native.abi import Layer, Prompts, RopeTables, WeightKind
 from tgi_llm.quant.kernels import quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
+
+#: The rope tables of one forward by name (models/decoder.py RopeTables): "global", and "local" where used.
+RopeTableSet = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 #: The layer stack of the kernels library, checked on the live model at its first step of each kind (FusedLayerStack);
 #: TGI_LLM_FUSED_DECODE=0 is asked per model (_why_not).
@@ -52,8 +56,8 @@ def _why_not(model, kv_caches) -> str | None:
     """Why this model can't run the fused stack (None: it can)."""
     if not settings().fused_decode:
         return "switched off by TGI_LLM_FUSED_DECODE=0"
-    if not model.config.is_plain_llama:
-        return f"the {model.config.family} layers are not the Llama layer it implements"
+    if (refusal := model.config.layer_stack_refusal) is not None:
+        return f"it does not implement {refusal} ({model.config.family})"
     if model.device.type != "cpu" or model.dtype != torch.float32 or model.shard.world_size != 1:
         return "needs one float32 CPU shard"
     if not isinstance(model.attention_backend, TorchPagedAttention) or cpu_attention_kernels() is None:
@@ -81,16 +85,13 @@ class FusedLayerStack:
         self._lib = lib
         first = model.layers[0]
         self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
-        self.scale, self.eps = first.scale, first.input_norm.eps
+        self.scale, self.eps = first.scale, model.config.rms_norm_eps
         self.hidden_size = model.config.hidden_size
         self.intermediate = first.gate_up.desc().N // 2
         self.final_norm = model.norm.weight.detach()
-        self._layers = (Layer * len(model.layers))(*(
-            Layer(*(ctypes.addressof(d) for d in descs), (ctypes.c_int64 * 4)(*(gemm_min_tokens(d) for d in descs)),
-                   layer.input_norm.weight.data_ptr(), layer.mlp_norm.weight.data_ptr(),
-                   k.data_ptr(), v.data_ptr())
-            for layer, (k, v) in zip(model.layers, kv_caches, strict=True)
-            for descs in [[m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]]))
+        self._layers = (Layer * len(model.layers))(*(_layer(layer, k, v)
+                                                     for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
+        self.activation = LAYER_STACK_ACTIVATIONS[model.config.hidden_act]
         self._attention = cpu_attention_kernels()
         self._prefill_address = (self._attention.bf16_prefill_address if model.attention_backend.bf16_prefill
                                  else self._attention.prefill_address)
@@ -133,21 +134,22 @@ class FusedLayerStack:
         decodes = _leading_decodes(lens)
         return all(n > 1 for n in lens[decodes:])
 
-    def run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata,
+    def run(self, hidden: torch.Tensor, rope: RopeTableSet, attn: AttentionMetadata,
             reference: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Final-norm hidden states [M, H] of the step's M tokens (`hidden`: their embeddings, overwritten);
         `reference()` computes the same through the torch layers, used on the first step of each kind to check."""
         kind = "decode" if attn.is_pure_decode else "mixed"
         if kind not in self.checked:
-            return self._check(kind, hidden, cos, sin, attn, reference)
-        return self._run(hidden, cos, sin, attn)
+            return self._check(kind, hidden, rope, attn, reference)
+        return self._run(hidden, rope, attn)
 
-    def _run(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: AttentionMetadata
+    def _run(self, hidden: torch.Tensor, rope: RopeTableSet, attn: AttentionMetadata
              ) -> torch.Tensor:
         hidden = hidden.contiguous()
         m = hidden.shape[0]
         out = torch.empty_like(hidden)
-        cos, sin = cos.contiguous(), sin.contiguous()
+        cos, sin = (t.contiguous() for t in rope["global"])
+        cos_local, sin_local = (t.contiguous() for t in rope.get("local", rope["global"]))
         tables = attn.block_tables.to(torch.int32).contiguous()
         slots = attn.slot_mapping.to(torch.int64).contiguous()
         lens_cpu = attn.query_lens_cpu
@@ -164,16 +166,17 @@ class FusedLayerStack:
         failed = self._lib.layer_stack(
             self._layers, len(self._layers), ctypes.byref(prompts),
             hidden.data_ptr(), out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads,
-            self.kv_heads, self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(),
+            self.kv_heads, self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(),
+            cos_local.data_ptr(), sin_local.data_ptr(), slots.data_ptr(),
             tables.data_ptr(), tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale, self.eps,
-            torch.get_num_threads())
+            self.activation, torch.get_num_threads())
         if failed:
             raise MemoryError("fused decode: no memory for its scratch buffers")
         return out
 
-    def _check(self, kind: str, hidden, cos, sin, attn, reference) -> torch.Tensor:
+    def _check(self, kind: str, hidden, rope, attn, reference) -> torch.Tensor:
         # The torch layers run second: the K/V they write (the same slots) are the ones kept.
-        got = self._run(hidden.clone(), cos, sin, attn)
+        got = self._run(hidden.clone(), rope, attn)
         want = reference()
         scale = max(1.0, want.abs().max().item())
         self.agrees = bool(torch.allclose(got, want, rtol=self.tolerance, atol=self.tolerance * scale))
@@ -186,6 +189,21 @@ class FusedLayerStack:
             logger.warning("fused decode: off, it disagrees with the torch layers on a %s step (max difference "
                            "%.2e)", kind, difference)
         return want
+
+
+def _weight(norm) -> int | None:
+    return None if norm is None else norm.weight.data_ptr()
+
+
+def _layer(layer, k: torch.Tensor, v: torch.Tensor) -> Layer:
+    descs = [m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+    rope = {None: RopeTables.ROPE_NONE, "global": RopeTables.ROPE_GLOBAL, "local": RopeTables.ROPE_LOCAL}
+    return Layer(
+        *(ctypes.addressof(d) for d in descs), (ctypes.c_int64 * 4)(*(gemm_min_tokens(d) for d in descs)),
+        input_norm=_weight(layer.input_norm), post_norm=_weight(layer.mlp_norm),
+        attn_out_norm=_weight(layer.attn_out_norm), mlp_out_norm=_weight(layer.mlp_out_norm),
+        q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
+        rope=rope[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(), v_cache=v.data_ptr())
 
 
 def _leading_decodes(query_lens: list[int]) -> int:

@@ -35,11 +35,29 @@ class WeightDesc(ctypes.Structure):
                 ("scales", _p), ("mins", _p), ("bias", _p), ("bf16_min_rows", _i64)]
 
 
+class Activation(IntEnum):
+    """`activation_t`: the layer stack's MLP activation."""
+
+    ACT_SILU = 0
+    ACT_GELU_TANH = 1
+
+
+class RopeTables(IntEnum):
+    """`rope_tables_t`: which rotary tables a layer of the stack takes."""
+
+    ROPE_NONE = 0
+    ROPE_GLOBAL = 1
+    ROPE_LOCAL = 2
+
+
 class Layer(ctypes.Structure):
-    """`layer_t`: one decoder layer of the fused stack (pointers to its WeightDescs, norms and K/V caches)."""
+    """`layer_t`: one decoder layer of the fused stack (pointers to its WeightDescs, norms and K/V caches;
+    a NULL norm is one the layer does not have)."""
 
     _fields_ = [("qkv", _p), ("o", _p), ("gate_up", _p), ("down", _p), ("gemm_min", _i64 * 4),
-                ("input_norm", _p), ("post_norm", _p), ("k_cache", _p), ("v_cache", _p)]
+                ("input_norm", _p), ("post_norm", _p), ("attn_out_norm", _p), ("mlp_out_norm", _p),
+                ("q_norm", _p), ("k_norm", _p), ("qk_norm_per_head", _i32), ("rope", _i32),
+                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p)]
 
 
 class Prompts(ctypes.Structure):
@@ -67,8 +85,8 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "has_bf16_prefill": ([], ctypes.c_int),
     "has_amx_prefill": ([], ctypes.c_int),
     "set_amx_prefill": ([ctypes.c_int], None),
-    "layer_stack": ([_p, _i64, _p, _p, _p, _p] + [_i64] * 6 + [_p] * 4 + [_i64] * 2 + [_p] + [_i64] * 2
-                    + [_f32] * 2 + [ctypes.c_int], ctypes.c_int),
+    "layer_stack": ([_p, _i64, _p, _p, _p, _p] + [_i64] * 6 + [_p] * 6 + [_i64] * 2 + [_p] + [_i64] * 2
+                    + [_f32] * 2 + [_i32, ctypes.c_int], ctypes.c_int),
 }
 
 
@@ -99,7 +117,7 @@ def expected_abi() -> dict[str, int]:
     for struct, c_name in C_NAMES.items():
         want[f"sizeof({c_name})"] = ctypes.sizeof(struct)
         want.update({f"{c_name}.{field}": getattr(struct, field).offset for field, _ in struct._fields_})
-    want.update({kind.name: int(kind) for kind in WeightKind})
+    want.update({value.name: int(value) for enum in (WeightKind, Activation, RopeTables) for value in enum})
     return want
 
 

@@ -29,11 +29,30 @@ typedef struct {
     int64_t bf16_min_rows; /* q4/q8 panels: rows from which the GEMM takes bfloat16 products (0: never) */
 } qweight_t;
 
+/* layer_stack's MLP activation: act(gate) * up */
+typedef enum {
+    ACT_SILU,
+    ACT_GELU_TANH,
+} activation_t;
+
+/* layer_t.rope: which rotary tables a layer's q and k take */
+typedef enum {
+    ROPE_NONE,   /* SmolLM3's layers without position encoding */
+    ROPE_GLOBAL, /* cos/sin */
+    ROPE_LOCAL,  /* cos_local/sin_local: Gemma 3's sliding layers */
+} rope_tables_t;
+
 /* One decoder layer of the fused stack */
 typedef struct {
     const qweight_t *qkv, *o, *gate_up, *down;
     int64_t gemm_min[4]; /* rows from which each of them takes the GEMM (quant/linear.py gemm_min_tokens) */
-    const float *input_norm, *post_norm;
+    const float *input_norm, *post_norm;       /* before attention, before the MLP (NULL: none, as OLMo 2) */
+    const float *attn_out_norm, *mlp_out_norm; /* on each block's output before its residual add (NULL: none) */
+    const float *q_norm, *k_norm;              /* before rope (NULL: none): [D] per head, else over q's and k's
+                                                  whole projection ([Hq*D], [Hkv*D]) */
+    int32_t qk_norm_per_head;
+    int32_t rope;         /* rope_tables_t */
+    float residual_scale; /* each block's output times this before the residual add (Granite; else 1) */
     float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
 } layer_t;
 
@@ -76,8 +95,8 @@ void set_amx_prefill(int on);
 /* layer_stack/layer_stack.c */
 int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
                 const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
-                const float* cos, const float* sin, const int64_t* slots, const int32_t* tables, int64_t W,
-                int64_t B, const int32_t* seq_lens, int64_t BS, int64_t stride, float scale, float eps,
-                int nthreads);
+                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
+                int64_t BS, int64_t stride, float scale, float eps, int32_t activation, int nthreads);
 
 #endif /* TGI_KERNELS_H */

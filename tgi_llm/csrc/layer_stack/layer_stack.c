@@ -1,7 +1,7 @@
-/* A step's whole decoder layer stack in one call: the norms, rope, the K/V write, the SiLU gate and the
-   residual adds here, the linears and attention through the kernels of quant/ and attention/. Built with
+/* A step's whole decoder layer stack in one call: the norms (before and after each block, q/k norms), rope,
+   the K/V write, the SiLU or GELU gate and the residual adds here, the linears and attention through the kernels of quant/ and attention/. Built with
    -ffp-contract=off (tgi_llm/native/build.py): rope and the norms round like torch's separate ops. The
-   Python side is tgi_llm/models/fused_decode.py. */
+   Python side is tgi_llm/models/layer_stack.py. */
 #include "kernels.h"
 #include "vectors.h"
 #include <math.h>
@@ -24,21 +24,42 @@ static void rmsnorm_row(const float* restrict x, const float* restrict w, float*
     for (i = 0; i < H; i++) out[i] = w[i] * (x[i] * r);
 }
 
-static void rmsnorm(const float* restrict x, const float* restrict w, float* restrict out, int64_t M, int64_t H,
-                    float eps, int nthreads) {
+/* out = the norm of x's rows (w NULL: x as it is) */
+static void rmsnorm(const float* restrict x, const float* w, float* restrict out, int64_t M, int64_t H, float eps,
+                    int nthreads) {
+    if (!w) {
+        memcpy(out, x, M * H * sizeof(float));
+        return;
+    }
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
     for (int64_t m = 0; m < M; m++) rmsnorm_row(x + m * H, w, out + m * H, H, eps);
 }
 
-/* the residual add (h += d), then the next norm of the same rows while they are in L1 */
-static void add_rmsnorm(float* restrict h, const float* restrict d, const float* restrict w, float* restrict out,
-                        int64_t M, int64_t H, float eps, int nthreads) {
+/* rmsnorm_row where x may be out (its sum of squares is taken before any element is written) */
+static void rmsnorm_inplace(float* x, const float* w, int64_t H, float eps) {
+    float ss = 0.0f;
+    for (int64_t i = 0; i < H; i++) ss += x[i] * x[i];
+    const float r = 1.0f / sqrtf(ss / (float)H + eps);
+    for (int64_t i = 0; i < H; i++) x[i] = w[i] * (x[i] * r);
+}
+
+/* The end of a block, row by row while the rows are in L1: d through its output norm (if any, in place),
+   times `scale`, added to h; then out = the next norm of h (NULL: h as it is) */
+static void residual(float* restrict h, float* restrict d, const float* d_norm, float scale, const float* next_norm,
+                     float* restrict out, int64_t M, int64_t H, float eps, int nthreads) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
     for (int64_t m = 0; m < M; m++) {
         float* hm = h + m * H;
-        const float* dm = d + m * H;
-        for (int64_t i = 0; i < H; i++) hm[i] += dm[i];
-        rmsnorm_row(hm, w, out + m * H, H, eps);
+        float* dm = d + m * H;
+        if (d_norm) rmsnorm_inplace(dm, d_norm, H, eps);
+        if (scale != 1.0f)
+            for (int64_t i = 0; i < H; i++) hm[i] += dm[i] * scale;
+        else
+            for (int64_t i = 0; i < H; i++) hm[i] += dm[i];
+        if (next_norm)
+            rmsnorm_row(hm, next_norm, out + m * H, H, eps);
+        else
+            memcpy(out + m * H, hm, H * sizeof(float));
     }
 }
 
@@ -76,15 +97,48 @@ static void silu_mul(const float* restrict gu, float* restrict y, int64_t M, int
     }
 }
 
+/* y[:I] = gelu(gate) * up, gelu in its tanh form (transformers' gelu_pytorch_tanh), for rows of gu */
+static void gelu_tanh_mul(const float* restrict gu, float* restrict y, int64_t M, int64_t I, int nthreads) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (M * I >= 32768)
+    for (int64_t m = 0; m < M; m++) {
+        const float *g = gu + m * 2 * I, *u = g + I;
+        float* ym = y + m * I;
+        for (int64_t i = 0; i < I; i++) {
+            const float x = g[i];
+            ym[i] = 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x))) * u[i];
+        }
+    }
+}
+
+/* a row's q (normalized per head or over the projection, then rotated) into q_out, and its K/V into the cache */
+static void qkv_row(const layer_t* ly, float* restrict row, const float* c, const float* s, float* restrict q_out,
+                    float* restrict kdst, float* restrict vdst, int64_t Hq, int64_t Hkv, int64_t D, float eps) {
+    if (ly->q_norm && ly->qk_norm_per_head) {
+        for (int64_t h = 0; h < Hq; h++) rmsnorm_inplace(row + h * D, ly->q_norm, D, eps);
+        for (int64_t h = 0; h < Hkv; h++) rmsnorm_inplace(row + (Hq + h) * D, ly->k_norm, D, eps);
+    } else if (ly->q_norm) {
+        rmsnorm_inplace(row, ly->q_norm, Hq * D, eps);
+        rmsnorm_inplace(row + Hq * D, ly->k_norm, Hkv * D, eps);
+    }
+    if (ly->rope == ROPE_NONE) {
+        memcpy(q_out, row, Hq * D * sizeof(float));
+        memcpy(kdst, row + Hq * D, Hkv * D * sizeof(float));
+    } else {
+        for (int64_t h = 0; h < Hq; h++) rope_row(row + h * D, c, s, q_out + h * D, D);
+        for (int64_t h = 0; h < Hkv; h++) rope_row(row + (Hq + h) * D, c, s, kdst + h * D, D);
+    }
+    memcpy(vdst, row + (Hq + Hkv) * D, Hkv * D * sizeof(float));
+}
+
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
-   cos/sin [M, D]; slots [M] int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W],
+   cos/sin [M, D] (cos_local/sin_local too, for ROPE_LOCAL layers; else NULL); slots [M] int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W],
    seq_lens [B] int32 (after this token). Rows [B, M) are the prompt chunks of `prompts`.
    Returns 0, or -1 if scratch memory could not be had. */
 int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
                 const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
-                const float* cos, const float* sin, const int64_t* slots, const int32_t* tables, int64_t W,
-                int64_t B, const int32_t* seq_lens, int64_t BS, int64_t stride, float scale, float eps,
-                int nthreads) {
+                const float* cos, const float* sin, const float* cos_local, const float* sin_local,
+                const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
+                int64_t BS, int64_t stride, float scale, float eps, int32_t activation, int nthreads) {
     const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D;
     const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I) + B * Hq * stride;
     float* scratch = malloc(floats * sizeof(float));
@@ -95,14 +149,11 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
     for (int64_t l = 0; l < L; l++) {
         const layer_t* ly = layers + l;
         quant_apply(ly->qkv, normed, H, qkv, QKV, M, ly->gemm_min[0], nthreads);
+        const float *c = ly->rope == ROPE_LOCAL ? cos_local : cos, *sn = ly->rope == ROPE_LOCAL ? sin_local : sin;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
-        for (int64_t m = 0; m < M; m++) {
-            const float *row = qkv + m * QKV, *c = cos + m * D, *s = sin + m * D;
-            float* kdst = ly->k_cache + slots[m] * tok;
-            for (int64_t h = 0; h < Hq; h++) rope_row(row + h * D, c, s, q + (m * Hq + h) * D, D);
-            for (int64_t h = 0; h < Hkv; h++) rope_row(row + (Hq + h) * D, c, s, kdst + h * D, D);
-            memcpy(ly->v_cache + slots[m] * tok, row + (Hq + Hkv) * D, tok * sizeof(float));
-        }
+        for (int64_t m = 0; m < M; m++)
+            qkv_row(ly, qkv + m * QKV, c + m * D, sn + m * D, q + m * Hq * D, ly->k_cache + slots[m] * tok,
+                    ly->v_cache + slots[m] * tok, Hq, Hkv, D, eps);
         if (B)
             paged_decode_f32(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride,
                              scale, nthreads);
@@ -113,14 +164,17 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
             return -1;
         }
         quant_apply(ly->o, att, Hq * D, proj, H, M, ly->gemm_min[1], nthreads);
-        add_rmsnorm(hidden, proj, ly->post_norm, normed, M, H, eps, nthreads);
+        residual(hidden, proj, ly->attn_out_norm, ly->residual_scale, ly->post_norm, normed, M, H, eps, nthreads);
         quant_apply(ly->gate_up, normed, H, gu, 2 * I, M, ly->gemm_min[2], nthreads);
-        silu_mul(gu, act, M, I, nthreads);
+        if (activation == ACT_GELU_TANH)
+            gelu_tanh_mul(gu, act, M, I, nthreads);
+        else
+            silu_mul(gu, act, M, I, nthreads);
         quant_apply(ly->down, act, I, proj, H, M, ly->gemm_min[3], nthreads);
         /* the next layer's input norm, or after the last layer the final one */
         const int last = l == L - 1;
-        add_rmsnorm(hidden, proj, last ? final_norm : layers[l + 1].input_norm, last ? out : normed, M, H, eps,
-                    nthreads);
+        residual(hidden, proj, ly->mlp_out_norm, ly->residual_scale, last ? final_norm : layers[l + 1].input_norm,
+                 last ? out : normed, M, H, eps, nthreads);
     }
     free(scratch);
     return 0;
