@@ -115,7 +115,7 @@ def test_the_c_layer_stack_runs_each_family_it_implements(tiny_model_factory, pa
     got = run.step([(0, tokens[:3])]) + run.step([(0, tokens[3:4])]) + run.step([(0, tokens[4:5])])
     got += run.step([(0, tokens[5:])])
     stack = model._layer_stack(run.caches)
-    assert stack is not None and stack.checked == {"mixed", "decode"} and stack.agrees
+    assert stack is not None and "decode" in stack.checked and stack.agrees
     assert rel_err(torch.cat(got), reference_logits(ref, tokens)) < 1e-4
 
 
@@ -128,7 +128,7 @@ def test_a_sliding_window_model_runs_the_c_layer_stack_until_a_sequence_outgrows
     got = run.step([(0, tokens[:5])]) + run.step([(0, tokens[5:6])])  # 6 tokens: inside the window
     stack = model._layer_stack(run.caches)
     assert stack is not None and stack.window == 6
-    assert stack.checked == {"mixed", "decode"} and stack.agrees  # both steps ran the stack
+    assert "decode" in stack.checked and stack.agrees  # (prompt steps too where its prefill kernel wins)
     got += run.step([(0, tokens[6:7])]) + run.step([(0, tokens[7:])])  # past it: the torch layers
     assert rel_err(torch.cat(got), reference_logits(ref, tokens)) < 1e-4
 
