@@ -47,15 +47,34 @@ FAMILIES = {
 }
 
 
+#: Other shapes of the same families: head sizes, GQA ratios (MHA, 8:1), windows, rope scalings, experts.
+SHAPES = {
+    "qwen3-gqa-8-1-head-32": ("qwen3", {"head_dim": 32, "num_attention_heads": 8, "num_key_value_heads": 1,
+                                         "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4,
+                                                             "original_max_position_embeddings": 16}}, "qwen3"),
+    "gemma2-8-heads-of-4": ("gemma2", {**_GEMMA, "head_dim": 32, "num_attention_heads": 8, "num_key_value_heads": 4,
+                                       "sliding_window": 11}, "gemma2"),
+    "olmo2-mha-head-8": ("olmo2", {"num_attention_heads": 8, "num_key_value_heads": 8}, "olmo2"),
+    "mixtral-8-experts-top-3": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 3, "sliding_window": None,
+                                            "num_key_value_heads": 1}, "mixtral"),
+    "smollm3-llama3-rope": ("smollm3", {"pad_token_id": 0, "rope_parameters": {
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16, "rope_theta": 1e4}}, "smollm3"),
+    "granite-gqa-4-1": ("granite", {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16,
+                                    "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                                    "attention_multiplier": 0.0625, "logits_scaling": 8.0}, "granite"),
+}
+
+
 def _family_model(tiny_model_factory, name: str):
-    model_type, overrides, family = FAMILIES[name]
+    model_type, overrides, family = {**FAMILIES, **SHAPES}[name]
     model_dir = tiny_model_factory(model_type, **overrides)
     model, config = load_model(model_dir)
     assert config.family == family
     return model_dir, model, config
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", [*FAMILIES, *SHAPES])
 def test_prompts_in_one_batch_match_transformers(tiny_model_factory, paged_batcher, name):
     model_dir, model, config = _family_model(tiny_model_factory, name)
     ref = reference_model(model_dir)
@@ -67,7 +86,7 @@ def test_prompts_in_one_batch_match_transformers(tiny_model_factory, paged_batch
 
 #: longrope switches factors once a sequence outgrows the original context: keys computed before keep the
 #: short ones, in transformers' own cache too, so a whole-sequence forward is not the reference there.
-_INCREMENTAL = [name for name in FAMILIES if name != "phi3-longrope"]
+_INCREMENTAL = [name for name in [*FAMILIES, *SHAPES] if name != "phi3-longrope"]
 
 
 @pytest.mark.parametrize("name", _INCREMENTAL)
