@@ -198,6 +198,7 @@ def test_seed_round_trips_and_repeats(stack: Stack) -> None:
     assert runs[0].generated_text == runs[1].generated_text
     info = httpx.get(stack.front + "/info").json()
     assert info["max_input_tokens"] == 511 and info["max_total_tokens"] == 512
+    assert info["model_family"] == "llama"  # the native family serving it
 
 
 def test_openai_usage_reports_the_prompt_tokens_served_from_the_prefix_cache(stack: Stack) -> None:

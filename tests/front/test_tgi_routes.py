@@ -125,6 +125,7 @@ def test_info_health_metrics(client: TestClient, fake: FakeTritonClient) -> None
     info = client.get("/info").json()
     assert info["model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert {"max_input_tokens", "max_total_tokens", "max_concurrent_requests", "version"} <= set(info)
+    assert info["model_family"] is None  # the launcher names it (--model-family); this app was given none
     assert client.get("/health").status_code == 200
     assert "tgi_request_count 3" in client.get("/metrics").text
     fake.healthy = False

@@ -10,7 +10,8 @@ import torch
 
 from tests.models.parity import PagedRun, random_prompts, reference_logits, reference_model, rel_err
 from tgi_llm.models import load_model
-from tgi_llm.models.transformers_backed import FAMILY, TransformersCausalLM
+from tgi_llm.models.backed_config import FAMILY
+from tgi_llm.models.transformers_backed import TransformersCausalLM
 
 torch.set_num_threads(2)
 

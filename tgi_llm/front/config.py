@@ -36,6 +36,8 @@ class FrontConfig:
     limits: InfoLimits = InfoLimits()
     model_dtype: str | None = None
     model_device_type: str | None = None
+    #: Which code serves the model: a native family's name (models/families), or "transformers".
+    model_family: str | None = None
     #: "auto": a thinking model's <think> part is returned as `reasoning_content`; "none": left inline.
     reasoning_format: str = "auto"
     version: str = __version__
@@ -52,6 +54,7 @@ class FrontConfig:
             "model_pipeline_tag": "text-generation",
             "model_dtype": self.model_dtype,
             "model_device_type": self.model_device_type,
+            "model_family": self.model_family,
             **self.limits.__dict__,
             "router": "text-generation-router",
             "version": self.version,

@@ -32,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer-dir", default=None, help="HF directory with the tokenizer (chat template, /tokenize)")
     p.add_argument("--api-key", default=_env("API_KEY"), help="require `Authorization: Bearer <key>`")
     p.add_argument("--dtype", default=None)
+    p.add_argument("--model-family", default=None,
+                   help="what /info names as the code serving the model: a native family or `transformers`")
     p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
                    help="auto: a thinking model's <think> part as `reasoning_content`; none: left in the content")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
@@ -55,6 +57,7 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
         payload_limit=args.payload_limit,
         limits=limits,
         model_dtype=args.dtype,
+        model_family=args.model_family,
         reasoning_format=args.reasoning_format,
     )
 

@@ -32,6 +32,8 @@ def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfi
     ]
     if args.dtype:
         command += ["--dtype", args.dtype]
+    if (family := _model_family(model_dir)) is not None:
+        command += ["--model-family", family]
     if args.json_output:
         command.append("--json-output")
     reported = vars(args) | _derived_limits(args, model_dir)
@@ -40,6 +42,18 @@ def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfi
         if value is not None:
             command += [f"--{f.name.replace('_', '-')}", str(value)]
     return command
+
+
+def _model_family(model_dir: Path) -> str | None:
+    """The family that will serve the model (no torch: the registry reads config.json only), or None where it
+    cannot tell; the model's own load then reports why."""
+    from tgi_llm.models.registry import read_config_dir
+
+    try:
+        return read_config_dir(model_dir).family
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        logger.debug("no model family for /info: %s", exc)
+        return None
 
 
 def _derived_limits(args: argparse.Namespace, model_dir: Path) -> dict[str, int]:

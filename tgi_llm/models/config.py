@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
+from tgi_llm.models.rope_config import RopeConfig
 
-from tgi_llm.models.layers.activation import activation
-from tgi_llm.models.layers.rotary import RopeConfig
+if TYPE_CHECKING:
+    import torch
+
+#: The MLP activations served, by transformers' `hidden_act` names (models/layers/activation.py runs them).
+ACTIVATION_NAMES = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+
+
+def check_activation(name: str) -> None:
+    if name not in ACTIVATION_NAMES:
+        raise ValueError(f"`hidden_act` {name!r} is not supported; supported: {', '.join(ACTIVATION_NAMES)}")
 
 #: hidden_act -> the C layer stack's activation_t (native/abi.py Activation).
 LAYER_STACK_ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu_fast": 1}
@@ -85,7 +93,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.family != "transformers":  # (transformers' code runs its own activations)
-            activation(self.hidden_act)  # a ValueError naming the field where no activation of that name exists
+            check_activation(self.hidden_act)
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -168,7 +176,7 @@ def sliding_windows(cfg: dict[str, Any]) -> tuple[int | None, ...]:
 
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
     """K and V, every layer, every KV head: what one cached token costs."""
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
 
 

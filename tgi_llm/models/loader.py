@@ -9,12 +9,12 @@ import torch
 
 from tgi_llm.attention import AttentionBackend, prepare_cpu_attention
 from tgi_llm.hugepages import huge_page_bytes, weights_in_huge_pages
+from tgi_llm.models.backed_config import FAMILY as BACKED
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.decoder import CausalLM
 from tgi_llm.models.layer_stack import layer_stack_library
 from tgi_llm.models.layers.linear import float_linear_kernels
 from tgi_llm.models.registry import read_config_dir
-from tgi_llm.models.transformers_backed import FAMILY as BACKED
 from tgi_llm.models.transformers_backed import load_backed_model
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear

@@ -32,11 +32,11 @@ def find_family(cfg: dict[str, Any]) -> Family:
 
 def read_config(cfg: dict[str, Any]) -> ModelConfig:
     """The ModelConfig of a config.json's contents: the common fields, then its family's; a model no family
-    serves goes through transformers' modeling code where that can serve it (transformers_backed.py)."""
+    serves goes through transformers' modeling code where that can serve it (backed_config.py)."""
     try:
         family = find_family(cfg)
     except ValueError as exc:
-        from tgi_llm.models.transformers_backed import backed_config  # transformers' configs: only then
+        from tgi_llm.models.backed_config import backed_config  # transformers' configs: only then
 
         return backed_config(cfg, str(exc))
     return ModelConfig(**{**common_fields(cfg), "family": family.name, **family.configure(cfg), "raw": dict(cfg)})

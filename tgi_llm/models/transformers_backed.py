@@ -8,9 +8,9 @@ per token), which writes K/V into our blocks and attends over each sequence's bl
 scale, sliding window and soft-cap. Continuous batching, the prefix cache, chunked prefill, grammars and
 every API then work as for a native family; only the rows the sampler needs go through the LM head.
 
-Start-up refuses what this cannot serve: encoder-decoder and multimodal checkpoints, and models with layers
-that are not attention (state-space, linear attention): a warm-up forward must reach `paged_attention`
-once per layer.
+Start-up refuses what this cannot serve (backed_config.py): encoder-decoder and multimodal checkpoints, and
+models with layers that are not attention (state-space, linear attention): a warm-up forward must reach
+`paged_attention` once per layer.
 """
 
 from __future__ import annotations
@@ -26,11 +26,9 @@ from torch import nn
 from tgi_llm.attention import AttentionBackend, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.models.config import ModelConfig
-from tgi_llm.models.layers.rotary import RopeConfig
 
 logger = logging.getLogger(__name__)
 
-FAMILY = "transformers"
 ATTENTION = "tgi_llm_paged"
 
 
@@ -77,50 +75,6 @@ def register() -> None:
 
     AttentionInterface.register(ATTENTION, paged_attention)
     AttentionMaskInterface.register(ATTENTION, _no_mask)
-
-
-def _refusal(cfg: Any) -> str | None:
-    """Why transformers' code for this config cannot be served here (None: it can be tried)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    if getattr(cfg, "is_encoder_decoder", False):
-        return "it is an encoder-decoder model"
-    if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return "transformers has no causal LM of this type"
-    if not getattr(cfg, "num_attention_heads", None):
-        return "it has no attention layers"
-    if any(hasattr(cfg, name) for name in ("vision_config", "audio_config", "text_config")):
-        return "it takes multimodal inputs"
-    other = set(getattr(cfg, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
-    if other:
-        return f"it has layers that are not attention ({', '.join(sorted(other))})"
-    return None
-
-
-def backed_config(raw: dict[str, Any], why_not_native: str) -> ModelConfig:
-    """The facts the engine needs (KV cache shape, context) from transformers' reading of the config, or a
-    ValueError saying why the checkpoint cannot be served at all."""
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.for_model(**raw)
-    except (KeyError, ValueError) as exc:
-        raise ValueError(f"{why_not_native}; transformers does not know it either ({exc})") from None
-    refusal = _refusal(cfg)
-    if refusal is not None:
-        raise ValueError(f"{why_not_native}; not served through transformers either: {refusal}")
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return ModelConfig(
-        model_type=cfg.model_type, family=FAMILY, hidden_size=cfg.hidden_size,
-        intermediate_size=getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=heads,
-        num_key_value_heads=getattr(cfg, "num_key_value_heads", None) or heads, head_dim=head_dim,
-        vocab_size=cfg.vocab_size, rms_norm_eps=1e-6, rope=RopeConfig(),
-        max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 2048,
-        tensor_parallel_refusal="a model served through transformers' modeling code runs on one shard",
-        raw=dict(raw),
-    )
 
 
 class TransformersCausalLM(nn.Module):

@@ -9,7 +9,7 @@ from typing import Any
 
 from tgi_llm.models.config import NormNames
 from tgi_llm.models.family import Family
-from tgi_llm.models.layers.rotary import RopeConfig
+from tgi_llm.models.rope_config import RopeConfig
 
 _SANDWICH = NormNames(attn_in="input_layernorm", attn_out="post_attention_layernorm",
                       mlp_in="pre_feedforward_layernorm", mlp_out="post_feedforward_layernorm")

@@ -8,6 +8,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
+from tgi_llm.models.config import ACTIVATION_NAMES, check_activation
+
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "swish": F.silu,
@@ -18,8 +20,10 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+assert set(ACTIVATIONS) == set(ACTIVATION_NAMES)
+
+
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """The function for `hidden_act` (or Gemma's `hidden_activation`), or a ValueError naming the choices."""
-    if name not in ACTIVATIONS:
-        raise ValueError(f"`hidden_act` {name!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
+    check_activation(name)
     return ACTIVATIONS[name]
