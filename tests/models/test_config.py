@@ -98,3 +98,14 @@ def test_kv_cache_bytes_per_token_matches_allocation(tmp_path):
         assert kv_cache_bytes_per_token(cfg, dtype) * 3 * 8 == allocated
         assert caches[0][0].shape == (3, 8, 2, 16)
     assert kv_cache_bytes_per_token(read_config(BASE), torch.float32) == 2 * 30 * 3 * 64 * 4
+
+
+def test_gemma_configs_without_layer_types_alternate_as_transformers_fills_them():
+    """Hub configs of Gemma 2 and 3 predate `layer_types`; transformers derives them from the pattern."""
+    from transformers import AutoConfig
+
+    for model_type, extra in (("gemma2", {}), ("gemma3_text", {"sliding_window_pattern": 3})):
+        raw = {**BASE, "model_type": model_type, "num_hidden_layers": 7, "sliding_window": 8, "head_dim": 16, **extra}
+        want = AutoConfig.for_model(**raw).layer_types
+        got = read_config(raw).sliding_windows
+        assert [w is not None for w in got] == [t == "sliding_attention" for t in want], model_type

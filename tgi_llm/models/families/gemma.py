@@ -24,9 +24,19 @@ def _gemma(cfg: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _alternating_windows(cfg: dict[str, Any], pattern: int) -> dict[str, Any]:
+    """Configs written before transformers 5 have no `layer_types`: every `pattern`-th layer attends to the
+    whole context, the others to the window (Gemma 2: every other layer; Gemma 3: `sliding_window_pattern`)."""
+    if cfg.get("layer_types") or not cfg.get("sliding_window"):
+        return {}
+    window = cfg["sliding_window"]
+    return {"sliding_windows": tuple(window if (i + 1) % pattern else None for i in range(cfg["num_hidden_layers"]))}
+
+
 def _gemma2(cfg: dict[str, Any]) -> dict[str, Any]:
     return {
         **_gemma(cfg),
+        **_alternating_windows(cfg, 2),
         "norms": _SANDWICH,
         "attention_scale": float(cfg.get("query_pre_attn_scalar") or cfg.get("head_dim") or 256) ** -0.5,
         "attn_logit_softcap": cfg.get("attn_logit_softcapping"),
@@ -35,7 +45,8 @@ def _gemma2(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gemma3(cfg: dict[str, Any]) -> dict[str, Any]:
-    fields = {**_gemma2(cfg), "qk_norm": "head"}
+    fields = {**_gemma2(cfg), "qk_norm": "head",
+              **_alternating_windows(cfg, int(cfg.get("sliding_window_pattern") or 6))}
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers 5: one entry per layer type
         fields["rope"] = RopeConfig.from_hf(cfg, params["full_attention"])
