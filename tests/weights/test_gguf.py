@@ -23,9 +23,10 @@ VOCAB = 2048
 
 
 def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int = 2, heads: int = 4,
-                    fields: dict | None = None, tensors: dict[str, tuple[int, ...]] | None = None) -> Path:
-    """A small llama GGUF with the default model's tokenizer; `fields` adds metadata (name -> value), `tensors`
-    adds float tensors (name -> shape)."""
+                    fields: dict | None = None, tensors: dict[str, tuple[int, ...]] | None = None,
+                    arch: str = "llama", head_dim: int | None = None) -> Path:
+    """A small GGUF of llama.cpp's `arch` (llama, or qwen3 with its q/k norms) with the default model's
+    tokenizer; `fields` adds metadata (name -> value), `tensors` adds float tensors (name -> shape)."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
     from gguf.quants import quantize
 
@@ -38,26 +39,32 @@ def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int 
         for m in src.fields["tokenizer.ggml.merges"].contents()
         if all(p in kept for p in m.split(" ")) and m.replace(" ", "") in kept
     ]
+    head_dim = head_dim or hidden // heads
     overrides = {
-        "llama.block_count": layers,
-        "llama.embedding_length": hidden,
-        "llama.feed_forward_length": inter,
-        "llama.attention.head_count": heads,
-        "llama.attention.head_count_kv": heads // 2,
-        "llama.rope.dimension_count": hidden // heads,
-        "llama.context_length": 256,
-        "llama.vocab_size": VOCAB,
+        f"{arch}.block_count": layers,
+        f"{arch}.embedding_length": hidden,
+        f"{arch}.feed_forward_length": inter,
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": heads // 2,
+        f"{arch}.rope.dimension_count": head_dim,
+        f"{arch}.attention.key_length": head_dim,
+        f"{arch}.attention.value_length": head_dim,
+        f"{arch}.context_length": 256,
+        f"{arch}.vocab_size": VOCAB,
         "tokenizer.ggml.tokens": tokens,
         "tokenizer.ggml.merges": merges,
         "tokenizer.ggml.token_type": src.fields["tokenizer.ggml.token_type"].contents()[:VOCAB],
     }
-    writer = GGUFWriter(path, "llama")
+    writer = GGUFWriter(path, arch)
     for key, field in src.fields.items():
         if key.startswith("GGUF.") or key in ("general.file_type", "general.architecture"):
             continue
+        key = f"{arch}.{key.removeprefix('llama.')}" if key.startswith("llama.") else key
         vtype = field.types[0]
         sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, overrides.get(key, field.contents()), vtype, sub)
+        writer.add_key_value(key, overrides.pop(key, field.contents()), vtype, sub)
+    for key in [k for k in overrides if k.startswith(f"{arch}.")]:  # what the source file does not have
+        writer.add_uint32(key, overrides.pop(key))
 
     rng = np.random.default_rng(0)
 
@@ -78,7 +85,7 @@ def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int 
             writer.add_uint32(key, value)
         else:
             writer.add_float32(key, value)
-    head_dim, kv = hidden // heads, heads // 2
+    kv = heads // 2
     for name, shape in (tensors or {}).items():
         add(name, *shape)
     add("token_embd.weight", VOCAB, hidden)  # no output.weight: tied embeddings, as in SmolLM2
@@ -86,6 +93,9 @@ def write_mini_gguf(path: Path, hidden: int = 64, inter: int = 128, layers: int 
     for i in range(layers):
         p = f"blk.{i}."
         add(p + "attn_norm.weight", hidden)
+        if arch == "qwen3":
+            add(p + "attn_q_norm.weight", head_dim)
+            add(p + "attn_k_norm.weight", head_dim)
         add(p + "ffn_norm.weight", hidden)
         add(p + "attn_q.weight", heads * head_dim, hidden)
         add(p + "attn_k.weight", kv * head_dim, hidden)
@@ -265,6 +275,24 @@ def test_rope_scaling_the_loader_drops_reaches_the_model(tmp_path):
     model, config = load_model(resolve_model_dir(str(path), cache_dir=tmp_path / "cache2", progress=False))
     assert config.rope.freq_factors == tuple(float(f) for f in factors)
     torch.testing.assert_close(model.rotary.inv_freq, base / torch.from_numpy(factors))
+
+
+def test_a_qwen3_gguf_serves_what_transformers_reads_from_it(tmp_path, paged_batcher):
+    """llama.cpp's qwen3 layout (q/k norms, unpermuted q/k rows, Q8_0 MLP blocks served as they are)."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.parity import PagedRun, rel_err
+
+    path = write_mini_gguf(tmp_path / "qwen3.gguf", arch="qwen3", heads=2, head_dim=128)  # transformers' head_dim
+    model, config = load_model(resolve_model_dir(str(path), cache_dir=tmp_path / "cache", progress=False))
+    assert config.family == "qwen3" and config.head_dim == 128 and model.layers[0].q_norm is not None
+    assert isinstance(model.layers[0].down, QuantLinear)
+    direct = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    prompt = list(range(5, 40))
+    got = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=16)).step([(0, prompt)])[0]
+    with torch.no_grad():
+        want = direct(torch.tensor([prompt])).logits[0]
+    assert rel_err(got, want) < 1e-4
 
 
 @pytest.mark.slow
