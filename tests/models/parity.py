@@ -41,3 +41,26 @@ class PagedRun:
 def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+
+
+def assert_schedule_matches(run: PagedRun, ref, full: list[list[int]], schedule: list[list[tuple[int, int]]]) -> None:
+    """Feed `full`'s sequences through `run` step by step (`schedule`: per step, (sequence, how many of its next
+    tokens)); every new token's logits must be transformers' at that position of the sequence so far."""
+    done = [0] * len(full)
+    got: dict[int, list[torch.Tensor]] = {s: [] for s in range(len(full))}
+    for step in schedule:
+        chunks = [(s, full[s][done[s] : done[s] + n]) for s, n in step]
+        for (s, n), logits in zip(step, run.step(chunks), strict=True):
+            got[s].append(logits)
+            done[s] += n
+    for s, tokens in enumerate(full):
+        assert rel_err(torch.cat(got[s]), reference_logits(ref, tokens[: done[s]])) < 1e-4, s
+
+
+def assert_greedy_is_transformers_choice(ref, prompts: list[list[int]], outputs: list[list[int]]) -> None:
+    """Each generated token is transformers' top choice after the prompt and the tokens before it, or within a
+    near-tie (1e-4 of the largest logit) of it: random weights give near-ties."""
+    for prompt, out in zip(prompts, outputs, strict=True):
+        logits = reference_logits(ref, prompt + out)[len(prompt) - 1 : -1]
+        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]
+        assert bool((chosen >= logits.max(dim=1).values - 1e-4 * logits.abs().max()).all()), out

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.parity import PagedRun, random_prompts, reference_logits, reference_model, rel_err
+from tests.models.parity import (
+    PagedRun,
+    assert_schedule_matches,
+    random_prompts,
+    reference_logits,
+    reference_model,
+    rel_err,
+)
 from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
 from tgi_llm.kv_cache import allocate_kv_cache
 from tgi_llm.models import load_model
@@ -118,16 +125,7 @@ def test_decode_after_prefill_matches_full_sequence(tiny_model_factory, paged_ba
         [(0, 6), (1, 1)],
     ]
     run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=32))
-    done = [0, 0, 0]
-    got: dict[int, list[torch.Tensor]] = {0: [], 1: [], 2: []}
-    for step in schedule:
-        chunks = [(s, full[s][done[s] : done[s] + n]) for s, n in step]
-        for (s, n), logits in zip(step, run.step(chunks), strict=True):
-            got[s].append(logits)
-            done[s] += n
-    for s, tokens in enumerate(full):
-        assert done[s] == len(tokens)
-        assert rel_err(torch.cat(got[s]), reference_logits(ref, tokens)) < 1e-4
+    assert_schedule_matches(run, ref, full, schedule)
 
 
 def test_mixed_batch_equals_separate_runs(tiny_model_factory, paged_batcher):

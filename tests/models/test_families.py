@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.models.parity import PagedRun, random_prompts, reference_logits, reference_model, rel_err
+from tests.models.parity import (
+    PagedRun,
+    assert_greedy_is_transformers_choice,
+    assert_schedule_matches,
+    random_prompts,
+    reference_logits,
+    reference_model,
+    rel_err,
+)
 from tgi_llm.models import load_model
 
 torch.set_num_threads(2)
@@ -97,16 +105,7 @@ def test_chunks_and_decodes_match_the_whole_sequence(tiny_model_factory, paged_b
     full = random_prompts([22, 14], config.vocab_size, seed=1)
     schedule = [[(0, 9), (1, 6)], [(0, 1), (1, 5)], [(0, 7), (1, 1)], [(0, 1), (1, 1)], [(0, 4), (1, 1)]]
     run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=40))
-    done = [0, 0]
-    got: dict[int, list[torch.Tensor]] = {0: [], 1: []}
-    for step in schedule:
-        chunks = [(s, full[s][done[s] : done[s] + n]) for s, n in step]
-        for (s, n), logits in zip(step, run.step(chunks), strict=True):
-            got[s].append(logits)
-            done[s] += n
-    for s, tokens in enumerate(full):
-        assert done[s] == len(tokens)
-        assert rel_err(torch.cat(got[s]), reference_logits(ref, tokens)) < 1e-4
+    assert_schedule_matches(run, ref, full, schedule)
 
 
 def test_what_the_c_layer_stack_does_not_implement_keeps_the_torch_layers(tiny_model_factory):
@@ -197,10 +196,6 @@ def test_served_greedy_tokens_are_transformers_own_choice(tiny_model_factory, de
             stats = llm.engine.stats()
         assert stats.kv_blocks_free == stats.kv_blocks_total
     ref = reference_model(model_dir)
-    for label, outputs in runs.items():
-        for prompt, out in zip(prompts, outputs, strict=True):
-            assert len(out) == params["max_new_tokens"]
-            logits = reference_logits(ref, prompt + out)[len(prompt) - 1 : -1]
-            chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]
-            tolerance = 1e-4 * logits.abs().max()
-            assert bool((chosen >= logits.max(dim=1).values - tolerance).all()), (label, out)
+    for outputs in runs.values():
+        assert all(len(out) == params["max_new_tokens"] for out in outputs)
+        assert_greedy_is_transformers_choice(ref, prompts, outputs)

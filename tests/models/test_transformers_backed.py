@@ -8,7 +8,13 @@ import json
 import pytest
 import torch
 
-from tests.models.parity import PagedRun, random_prompts, reference_logits, reference_model, rel_err
+from tests.models.parity import (
+    PagedRun,
+    assert_greedy_is_transformers_choice,
+    assert_schedule_matches,
+    random_prompts,
+    reference_model,
+)
 from tgi_llm.models import load_model
 from tgi_llm.models.backed_config import FAMILY
 from tgi_llm.models.transformers_backed import TransformersCausalLM
@@ -39,15 +45,7 @@ def test_chunks_and_decodes_match_transformers(tiny_model_factory, paged_batcher
     full = random_prompts([22, 14, 5], config.vocab_size, seed=1)
     schedule = [[(0, 9), (1, 6), (2, 5)], [(0, 1), (1, 5), (2, 1)], [(0, 7), (1, 1)], [(0, 5), (1, 2)]]
     run = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=40))
-    done = [0, 0, 0]
-    got: dict[int, list[torch.Tensor]] = {0: [], 1: [], 2: []}
-    for step in schedule:
-        chunks = [(s, full[s][done[s] : done[s] + n]) for s, n in step]
-        for (s, n), logits in zip(step, run.step(chunks), strict=True):
-            got[s].append(logits)
-            done[s] += n
-    for s, tokens in enumerate(full):
-        assert rel_err(torch.cat(got[s]), reference_logits(ref, tokens[: done[s]])) < 1e-4
+    assert_schedule_matches(run, ref, full, schedule)
 
 
 def test_served_greedy_tokens_are_transformers_own_choice(tiny_model_factory, default_model_dir, tmp_path):
@@ -68,12 +66,8 @@ def test_served_greedy_tokens_are_transformers_own_choice(tiny_model_factory, de
         again = [r.token_ids for r in llm.generate(prompts, params)]  # through the prefix cache
         stats = llm.engine.stats()
     assert stats.kv_blocks_free == stats.kv_blocks_total
-    ref = reference_model(model_dir)
-    for prompt, out, cached in zip(prompts, outputs, again, strict=True):
-        assert cached == out
-        logits = reference_logits(ref, prompt + out)[len(prompt) - 1 : -1]
-        chosen = logits.gather(1, torch.tensor(out)[:, None])[:, 0]
-        assert bool((chosen >= logits.max(dim=1).values - 1e-4 * logits.abs().max()).all())
+    assert again == outputs
+    assert_greedy_is_transformers_choice(reference_model(model_dir), prompts, outputs)
 
 
 @pytest.mark.parametrize(("cfg", "match"), [
