@@ -37,7 +37,6 @@ class ReasoningSplitter:
 
     thinking: bool = False  # inside <think>
     decided: bool = False  # whether the start of the output was seen (a leading <think> or not)
-    answered: bool = False  # past </think>, or never thinking
     trim: bool = False  # drop the newlines that follow </think>
     trim_open: bool = True  # drop the newlines that follow <think>
     closed: bool = False  # a thought was closed
@@ -51,7 +50,7 @@ class ReasoningSplitter:
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, answer): what this piece adds to each, as far as it can be told yet."""
         text, self.pending = self.pending + text, ""
-        reasoning = answer = ""
+        reasoning = ""
         if not self.decided:
             stripped = text.lstrip()
             if stripped.startswith(OPEN):
@@ -60,7 +59,7 @@ class ReasoningSplitter:
                 self.pending = text
                 return "", ""
             else:
-                self.decided, self.answered = True, True
+                self.decided = True  # no leading tag: all of it is the answer
         if self.thinking:
             if self.trim_open:
                 text = text.lstrip("\n")
@@ -71,12 +70,11 @@ class ReasoningSplitter:
                 self.pending = text[len(text) - keep:] if keep else ""
                 return text[: len(text) - keep], ""
             reasoning, text = text[:end], text[end + len(CLOSE):]
-            self.thinking, self.answered, self.trim, self.closed = False, True, True, True
+            self.thinking, self.trim, self.closed = False, True, True
         if self.trim:
             text = text.lstrip("\n")
             self.trim = not text
-        answer = text
-        return reasoning, answer
+        return reasoning, text
 
     def finish(self) -> tuple[str, str]:
         """What was held back, at the end of the output: reasoning when it never closed its thought."""
@@ -86,7 +84,7 @@ class ReasoningSplitter:
     @property
     def thought(self) -> bool:
         """Whether the output has a reasoning part (an open or closed thought)."""
-        return self.thinking or (self.decided and not self.answered) or self.closed
+        return self.thinking or self.closed
 
     def split(self, text: str) -> tuple[str | None, str]:
         """(reasoning, or None where the output has none; answer) of a whole generated text."""

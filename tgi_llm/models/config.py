@@ -10,16 +10,17 @@ from tgi_llm.models.rope_config import RopeConfig
 if TYPE_CHECKING:
     import torch
 
-#: The MLP activations served, by transformers' `hidden_act` names (models/layers/activation.py runs them).
-ACTIVATION_NAMES = ("silu", "swish", "gelu", "gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+#: The MLP activations served, by transformers' `hidden_act` names (models/layers/activation.py runs them):
+#: SiLU, exact GELU and GELU's tanh approximation. The C layer stack runs SiLU and the tanh GELU.
+SILU_NAMES = ("silu", "swish")
+TANH_GELU_NAMES = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast")
+ACTIVATION_NAMES = (*SILU_NAMES, "gelu", *TANH_GELU_NAMES)
 
 
 def check_activation(name: str) -> None:
     if name not in ACTIVATION_NAMES:
         raise ValueError(f"`hidden_act` {name!r} is not supported; supported: {', '.join(ACTIVATION_NAMES)}")
 
-#: hidden_act -> the C layer stack's activation_t (native/abi.py Activation).
-LAYER_STACK_ACTIVATIONS = {"silu": 0, "swish": 0, "gelu_pytorch_tanh": 1, "gelu_new": 1, "gelu_fast": 1}
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class ModelConfig:
             return "soft-capped attention scores"
         if self.rope.partial_factor != 1.0 or (self.local_rope is not None and self.local_rope.partial_factor != 1.0):
             return "rope on part of each head"
-        if self.hidden_act not in LAYER_STACK_ACTIVATIONS:
+        if self.hidden_act not in (*SILU_NAMES, *TANH_GELU_NAMES):
             return f"the {self.hidden_act} activation"
         return None
 

@@ -1,8 +1,8 @@
 """The decoder-only causal LM every family builds, over a flat, unpadded, paged batch.
 
 A family's ModelConfig says which parts a layer has (models/config.py: norms before and/or after each
-block, q/k norms, multipliers, soft-caps, sliding windows, layers without rope); the plain Llama layer is
-the common case, and the only one the C layer stack (layer_stack.py) runs. q/k/v and gate/up are fused into
+block, q/k norms, multipliers, soft-caps, sliding windows, layers without rope, experts); on the CPU the
+C layer stack (layer_stack.py) runs most of them in one call. q/k/v and gate/up are fused into
 one matmul each at load time. Every linear weight is read through `WeightLoader` (weight_loader.py: float,
 or quantized per `--quantize`), which takes a `Shard`: column-parallel (q/k/v, gate/up) splits output rows,
 row-parallel (o, down) splits input columns, vocab-parallel splits embedding/lm_head rows. Each rank's
@@ -133,9 +133,8 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
         q, k, v = self._attention_input(hidden, rope)
-        extras = {} if self.window is None and self.softcap is None else {"window": self.window,
-                                                                          "softcap": self.softcap}
-        o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale, **extras)
+        o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale, window=self.window,
+                            softcap=self.softcap)
         o = tp_ops.reduce(self.o_proj(o.reshape(tokens, self.num_heads * self.head_dim)), self.shard)
         hidden = self._residual(hidden, o, self.attn_out_norm)
 

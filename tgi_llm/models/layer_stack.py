@@ -1,9 +1,10 @@
-"""A step's whole layer stack in one C call, for models made of plain Llama layers on the CPU.
+"""A step's whole layer stack in one C call, for the native families' layers on the CPU (ModelConfig's
+layer_stack_refusal names what it leaves to the torch layers).
 
 At a few rows the decoder layer's work is small next to what it costs to reach it from Python: each layer
 runs ~25 torch ops and 4 ctypes calls, and at one token that dispatch was ~60% of the step (py-spy on
 SmolLM2-135M, Zen 3), with the second core idle meanwhile. Here the norms, rope, the K/V write, the
-SiLU gate and the residual adds are small C loops, and the linears and attention are the same compiled
+SiLU or GELU gate and the residual adds are small C loops, and the linears and attention are the same compiled
 kernels the torch path calls (`quant_apply`, `paged_decode_f32` and `paged_prefill_f32`), called directly: they
 are in the same library (tgi_llm/csrc/layer_stack/layer_stack.c, tgi_llm.native). Same weights, same kernels,
 same arithmetic order in the matmuls; the norms, rope and SiLU differ from torch's only in rounding.
@@ -29,9 +30,9 @@ import torch
 from tgi_llm.attention.cpu_kernels import MAX_PREFILL_GROUP, PrefillSequence, cpu_attention_kernels, prefill_arguments
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
-from tgi_llm.models.config import LAYER_STACK_ACTIVATIONS
+from tgi_llm.models.config import TANH_GELU_NAMES
 from tgi_llm.native import CheckedKernels
-from tgi_llm.native.abi import Layer, Prompts, RopeTables, WeightKind
+from tgi_llm.native.abi import Activation, Layer, Prompts, RopeTables, WeightKind
 from tgi_llm.quant.kernels import quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.settings import settings
@@ -91,7 +92,8 @@ class FusedLayerStack:
         self.final_norm = model.norm.weight.detach()
         self._layers = (Layer * len(model.layers))(*(_layer(layer, k, v)
                                                      for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
-        self.activation = LAYER_STACK_ACTIVATIONS[model.config.hidden_act]
+        self.activation = (Activation.ACT_GELU_TANH if model.config.hidden_act in TANH_GELU_NAMES
+                           else Activation.ACT_SILU)  # the two layer_stack_refusal lets through
         self._attention = cpu_attention_kernels()
         self._prefill_address = (self._attention.bf16_prefill_address if model.attention_backend.bf16_prefill
                                  else self._attention.prefill_address)
@@ -191,19 +193,23 @@ class FusedLayerStack:
         return want
 
 
+#: DecoderLayer.rope -> layer_t.rope
+_ROPE_TABLES = {None: RopeTables.ROPE_NONE, "global": RopeTables.ROPE_GLOBAL, "local": RopeTables.ROPE_LOCAL}
+
+
 def _weight(norm) -> int | None:
     return None if norm is None else norm.weight.data_ptr()
 
 
 def _layer(layer, k: torch.Tensor, v: torch.Tensor) -> Layer:
     descs = [m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
-    rope = {None: RopeTables.ROPE_NONE, "global": RopeTables.ROPE_GLOBAL, "local": RopeTables.ROPE_LOCAL}
     return Layer(
         *(ctypes.addressof(d) for d in descs), (ctypes.c_int64 * 4)(*(gemm_min_tokens(d) for d in descs)),
         input_norm=_weight(layer.input_norm), post_norm=_weight(layer.mlp_norm),
         attn_out_norm=_weight(layer.attn_out_norm), mlp_out_norm=_weight(layer.mlp_out_norm),
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
-        rope=rope[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(), v_cache=v.data_ptr())
+        rope=_ROPE_TABLES[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(),
+        v_cache=v.data_ptr())
 
 
 def _leading_decodes(query_lens: list[int]) -> int:

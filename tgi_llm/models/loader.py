@@ -57,7 +57,7 @@ def load_model(
     torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md)."""
     config = read_config_dir(model_dir)
     if config.family == BACKED:
-        if quantization is not None and quantization.mode != "float" or shard.world_size > 1:
+        if (quantization is not None and quantization.mode != "float") or shard.world_size > 1:
             raise ValueError(f"{config.model_type} runs through transformers' modeling code: float weights on one "
                              "shard only (no --quantize, no --num-shard)")
         return load_backed_model(model_dir, config, dtype, device), config

@@ -59,9 +59,7 @@ def paged_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                          f"{k_cache.shape[2]} of {k_cache.shape[3]} (num_key_value_heads, head_dim)")
     q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = step.backend.forward(q, k, v, k_cache, v_cache, step.attn, scale,
-                               **({} if sliding_window is None and softcap is None
-                                  else {"window": sliding_window, "softcap": softcap}))
+    out = step.backend.forward(q, k, v, k_cache, v_cache, step.attn, scale, window=sliding_window, softcap=softcap)
     return out[None], None
 
 

@@ -8,19 +8,13 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from tgi_llm.models.config import ACTIVATION_NAMES, check_activation
+from tgi_llm.models.config import SILU_NAMES, TANH_GELU_NAMES, check_activation
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": F.silu,
-    "swish": F.silu,
+    **dict.fromkeys(SILU_NAMES, F.silu),
     "gelu": F.gelu,
-    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
-    "gelu_new": partial(F.gelu, approximate="tanh"),
-    "gelu_fast": partial(F.gelu, approximate="tanh"),
+    **dict.fromkeys(TANH_GELU_NAMES, partial(F.gelu, approximate="tanh")),
 }
-
-
-assert set(ACTIVATIONS) == set(ACTIVATION_NAMES)
 
 
 def activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
