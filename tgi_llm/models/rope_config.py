@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tgi_llm.weights.gguf_checks import FREQ_FACTORS_KEY
+from tgi_llm.weights.gguf_config import FREQ_FACTORS_KEY
 
 __all__ = ["FREQ_FACTORS_KEY", "SUPPORTED_ROPE_TYPES", "RopeConfig"]
 

@@ -1,18 +1,18 @@
 """Convert a GGUF file into a plain HF model directory (dequantized safetensors + config + tokenizer).
 
-transformers can read GGUF but `save_pretrained` refuses a GGUF-quantized model, so the
-pieces are written by hand. Weights stay float32: dequantized GGUF values are exact there.
+The config comes from the file's metadata and llama.cpp's per-architecture conventions (gguf_config.py),
+the tensors from its data under Hugging Face's names (gguf_state.py), the tokenizer from transformers'
+GGUF tokenizer reader. Weights stay float32: dequantized GGUF values are exact there. The written tensors
+must be exactly those of the model the config describes, or the file is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -20,7 +20,9 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from tgi_llm.weights.gguf_checks import check_servable
+from tgi_llm.weights.gguf_config import hf_config
 from tgi_llm.weights.gguf_marker import MARKER_FILE
+from tgi_llm.weights.gguf_state import hf_tensors
 
 logger = logging.getLogger(__name__)
 
@@ -41,58 +43,13 @@ _CONFIG_DROP = {
 }
 
 
-@contextlib.contextmanager
-def _transformers_progress(enabled: bool) -> Iterator[None]:
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    if not enabled and was_enabled:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if not enabled and was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def _gguf_parsed_once() -> Iterator[None]:
-    """transformers' GGUF loader opens the file three times (config, tokenizer, weights), and each GGUFReader
-    parses every header field again: for SmolLM2's 49k-token vocabulary 5.7 s each (441k fields, a numpy
-    view apiece). It also builds gguf's tensor-name map once per module of the model (397 times, 6.6 s).
-    Both are read-only once made, so here each is made once: the conversion took 21 s, most of it this.
-    The loader imports both from `gguf` at call time; where another transformers does not, nothing changes."""
-    import gguf
-
-    make_reader, make_name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict[tuple, object] = {}
-    name_maps: dict[tuple, object] = {}
-
-    def reader(path, *args, **kwargs):
-        key = (os.fspath(path), args, tuple(sorted(kwargs.items())))
-        if key not in readers:
-            readers[key] = make_reader(path, *args, **kwargs)
-        return readers[key]
-
-    def name_map(*args):
-        if args not in name_maps:
-            name_maps[args] = make_name_map(*args)
-        return name_maps[args]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
-    try:
-        yield
-    finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = make_reader, make_name_map
-
-
 def _phase(step: int, message: str, t0: float) -> None:
     logger.info("GGUF conversion [%d/4] %s (%.1fs)", step, message, time.monotonic() - t0)
 
 
 def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = True) -> Path:
     """Write a HF directory for `gguf_path` at `out_dir` (must not exist); atomic via a temp dir + rename."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig
 
     gguf_path = Path(gguf_path).resolve()
     out_dir = Path(out_dir)
@@ -102,37 +59,25 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
     tmp_dir.mkdir()
     t0 = time.monotonic()
     try:
-        with _transformers_progress(progress), _gguf_parsed_once():
-            import gguf
+        import gguf
 
-            extra_config = check_servable(gguf.GGUFReader(gguf_path), gguf_path.name)  # the reader is kept
-            _phase(1, f"dequantizing {gguf_path.name}", t0)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
-            )
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        config = model.config
-        tied = bool(getattr(config, "tie_word_embeddings", False))
+        reader = gguf.GGUFReader(gguf_path)
+        layout = check_servable(reader, gguf_path.name)
+        config = AutoConfig.for_model(**hf_config(reader, layout, gguf_path.name))
+        _phase(1, f"dequantizing {gguf_path.name}", t0)
+        state = dict(tqdm(hf_tensors(reader, layout, config.num_attention_heads, config.num_key_value_heads),
+                          desc="GGUF tensors", disable=not progress, unit="t", leave=False))
+        _check_complete(state, config, gguf_path.name)
+        tokenizer = _gguf_tokenizer(gguf_path)
 
         _phase(2, "writing model.safetensors", t0)
-        state = {}
-        for name, tensor in tqdm(
-            model.state_dict().items(), desc="GGUF tensors", disable=not progress, unit="t", leave=False
-        ):
-            if tied and name == "lm_head.weight":
-                continue  # tied to the embedding; loaders re-tie it
-            state[name] = tensor.detach().to(torch.float32).contiguous()
         save_file(state, str(tmp_dir / "model.safetensors"), metadata={"format": "pt"})
         os.chmod(tmp_dir / "model.safetensors", 0o644)  # save_file makes it 0600; the cache may be shared
-        del state, model
+        del state
 
         _phase(3, "writing config.json and tokenizer", t0)
         config_dict = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_DROP}
-        config_dict.update(extra_config)
         config_dict["dtype"] = "float32"
-        config_dict["architectures"] = config_dict.get("architectures") or [
-            type(config).__name__.replace("Config", "ForCausalLM")
-        ]
         (tmp_dir / "config.json").write_text(json.dumps(config_dict, indent=2, sort_keys=True) + "\n", encoding="utf-8")
         # chat_template inside tokenizer_config.json (not chat_template.jinja): older readers expect it there.
         tokenizer.save_pretrained(str(tmp_dir), save_jinja_files=False)
@@ -154,6 +99,40 @@ def convert_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tr
         raise
     logger.info("GGUF conversion done in %.1fs: %s", time.monotonic() - t0, out_dir)
     return out_dir
+
+
+def _gguf_tokenizer(gguf_path: Path):
+    """The tokenizer the file describes, from the file alone (not from tokenizer files that happen to sit
+    beside it), as transformers builds it for `gguf_file=`."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf import convert_gguf_tokenizer, get_gguf_tokenizer
+
+    architecture, tokenizer_dict, tokenizer_config = get_gguf_tokenizer(str(gguf_path))
+    backend, extra = convert_gguf_tokenizer(architecture, tokenizer_dict)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **tokenizer_config, **extra)
+
+
+def _check_complete(state: dict[str, torch.Tensor], config, name: str) -> None:
+    """The file's tensors must be exactly the model's, in its shapes: none missing (a weight left at random),
+    none left over (a bias or a layer the model would ignore)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    # as save_pretrained writes it: transformers 5 stacks experts in memory, checkpoints keep one per expert
+    expected = {k: v.shape for k, v in revert_weight_conversion(model, model.state_dict()).items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    missing, unused = expected.keys() - state.keys(), state.keys() - expected.keys()
+    for what, names in (("missing", missing), ("not used by the model", unused)):
+        if names:
+            raise ValueError(f"{name}: tensors {what}: {', '.join(sorted(names)[:4])}"
+                             f"{' ...' if len(names) > 4 else ''}; refusing to serve it")
+    for key, shape in expected.items():
+        if state[key].shape != shape:
+            raise ValueError(f"{name}: tensor {key} is {tuple(state[key].shape)} where the model described by "
+                             f"its metadata has {tuple(shape)}; refusing to serve it")
 
 
 def _portable_tokenizer_config(path: Path) -> None:
