@@ -16,7 +16,7 @@ needs_bf16 = pytest.mark.skipif(kernel is None or kernel.bf16_prefill_address is
                                 reason="the CPU has no AVX512-BF16: bfloat16 prompt attention stays float32")
 
 
-def reference(q, k_cache, v_cache, tables, lens, scale):
+def reference(q, k_cache, v_cache, tables, lens, scale, softcap=None):
     """Dense attention in float64, one sequence at a time; query head h reads KV head h // G."""
     out = []
     group = q.shape[1] // k_cache.shape[2]
@@ -24,7 +24,10 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
         blocks = -(-n // k_cache.shape[1])
         k = gather_kv(k_cache, tables[i : i + 1], blocks)[0, :n].double().repeat_interleave(group, dim=1)
         v = gather_kv(v_cache, tables[i : i + 1], blocks)[0, :n].double().repeat_interleave(group, dim=1)
-        p = (torch.einsum("hd,khd->hk", q[i].double(), k) * scale).softmax(-1)
+        scores = torch.einsum("hd,khd->hk", q[i].double(), k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        p = scores.softmax(-1)
         out.append(torch.einsum("hk,khd->hd", p, v))
     return torch.stack(out).float()
 
@@ -33,7 +36,9 @@ def reference(q, k_cache, v_cache, tables, lens, scale):
     ("heads", "kv_heads", "dim", "block_size"),
     [(9, 3, 64, 16), (4, 2, 16, 4), (8, 8, 32, 1), (6, 1, 128, 17), (2, 2, 64, 32)],
 )
-def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size):
+@pytest.mark.parametrize("softcap", [None, 1.5])
+def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size, softcap):
+    """Soft-capped too (Gemma 2: scores -> cap tanh(scores / cap)), with scores far past the cap both ways."""
     gen = torch.Generator().manual_seed(0)
     lens = [1, 2, 15, 16, 17, 33, 100, 257]
     width = max(-(-n // block_size) for n in lens) + 1
@@ -50,8 +55,9 @@ def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size)
     q = torch.randn(len(lens), heads, dim, generator=gen) * 3
     scale = dim**-0.5
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    got = kernel.decode(q, k_cache, v_cache, tables, seq_lens, max(lens), scale)
-    torch.testing.assert_close(got, reference(q, k_cache, v_cache, tables, lens, scale), rtol=1e-5, atol=1e-5)
+    got = kernel.decode(q, k_cache, v_cache, tables, seq_lens, max(lens), scale, softcap)
+    want = reference(q, k_cache, v_cache, tables, lens, scale, softcap)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

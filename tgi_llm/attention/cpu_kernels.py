@@ -90,6 +90,7 @@ class CpuAttentionKernels:
         seq_lens: torch.Tensor,  # [B] int32
         max_seq_len: int,
         scale: float,
+        softcap: float | None = None,  # scores -> softcap * tanh(scores / softcap)
     ) -> torch.Tensor:
         batch, heads, dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
@@ -103,7 +104,7 @@ class CpuAttentionKernels:
         self._decode(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
             out.data_ptr(), scores.data_ptr(), batch, heads, kv_heads, dim, block_size, tables.shape[1],
-            stride, scale, torch.get_num_threads(),
+            stride, scale, softcap or 0.0, torch.get_num_threads(),
         )
         return out
 

@@ -43,7 +43,13 @@ class TorchPagedAttention:
         """`window`: each query sees the last `window` positions, itself included (None: all before it).
         `softcap`: scores become softcap * tanh(scores / softcap) before the softmax."""
         write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
-        if softcap is not None or (window is not None and attn.max_seq_len > window):
+        outside_window = window is not None and attn.max_seq_len > window
+        if softcap is not None and not outside_window and attn.is_pure_decode and q.shape[0] == attn.num_seqs:
+            kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
+            if kernels is not None and kernels.supports(q, k_cache) and k_cache.is_contiguous():
+                return kernels.decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.max_seq_len, scale,
+                                      softcap)
+        if softcap is not None or outside_window:  # the kernels cap decode scores only
             return windowed_attention(q, k_cache, v_cache, attn, scale, window, softcap)
         if attn.is_pure_decode and q.shape[0] == attn.num_seqs:  # the common step: all decodes
             return self._decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale)

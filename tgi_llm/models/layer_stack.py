@@ -32,7 +32,7 @@ from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.models.config import TANH_GELU_NAMES
 from tgi_llm.native import CheckedKernels
-from tgi_llm.native.abi import Activation, Layer, Prompts, RopeTables, WeightKind
+from tgi_llm.native.abi import Activation, Experts, Layer, Prompts, RopeTables, WeightKind
 from tgi_llm.quant.kernels import quant_kernels
 from tgi_llm.quant.linear import QuantLinear, gemm_min_tokens
 from tgi_llm.settings import settings
@@ -66,7 +66,7 @@ def _why_not(model, kv_caches) -> str | None:
     if quant_kernels() is None:
         return "needs the C linear kernels"
     for layer in model.layers:
-        if not all(_on_kernels(m) for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)):
+        if not all(_on_kernels(m) for m in _linears(layer)):
             return "needs every linear on the C kernels (quantized, or float32 on a CPU where they serve it)"
     first = model.layers[0]
     dim, heads = first.head_dim, first.num_heads
@@ -88,10 +88,14 @@ class FusedLayerStack:
         self.heads, self.kv_heads, self.head_dim = first.num_heads, first.num_kv_heads, first.head_dim
         self.scale, self.eps = first.scale, model.config.rms_norm_eps
         self.hidden_size = model.config.hidden_size
-        self.intermediate = first.gate_up.desc().N // 2
+        #: the largest dense MLP's intermediate size (experts size their own scratch)
+        self.intermediate = max((layer.gate_up.desc().N // 2 for layer in model.layers if layer.moe is None),
+                                default=0)
         self.final_norm = model.norm.weight.detach()
-        self._layers = (Layer * len(model.layers))(*(_layer(layer, k, v)
-                                                     for layer, (k, v) in zip(model.layers, kv_caches, strict=True)))
+        self._experts = [_ExpertsArgs(layer.moe) if layer.moe is not None else None for layer in model.layers]
+        self._layers = (Layer * len(model.layers))(*(
+            _layer(layer, k, v, experts)
+            for layer, (k, v), experts in zip(model.layers, kv_caches, self._experts, strict=True)))
         self.activation = (Activation.ACT_GELU_TANH if model.config.hidden_act in TANH_GELU_NAMES
                            else Activation.ACT_SILU)  # the two layer_stack_refusal lets through
         self._attention = cpu_attention_kernels()
@@ -105,11 +109,12 @@ class FusedLayerStack:
         #: and such a difference that flips one of those roundings grows through the layers (0.8% measured
         #: on SmolLM2 in bfloat16): a wrong kernel differs by the size of the values themselves.
         self.tolerance = 3e-2 if any(m.desc().kind == WeightKind.QW_BF16_PANEL or m.desc().bf16_min_rows
-                                     for layer in model.layers
-                                     for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)) else 1e-3
+                                     for layer in model.layers for m in _linears(layer)) else 1e-3
         self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
         #: Sequences longer than this have keys outside a sliding window, which this stack does not apply.
         self.window = model.config.narrowest_window
+        #: Gemma 2's soft-capped scores: the decode kernel caps them, the prefill kernels do not.
+        self.softcap = model.config.attn_logit_softcap
 
     @classmethod
     def build(cls, model, kv_caches) -> FusedLayerStack | None:
@@ -125,8 +130,11 @@ class FusedLayerStack:
     def takes(self, attn: AttentionMetadata, num_tokens: int) -> bool:
         """Whether this step can run here: decodes only, or decodes first and then prompt chunks (the
         scheduler's order) where the prefill attention kernel serves the prompts (it measured faster than
-        SDPA at load, and holds this many query heads per KV head); no sequence past a sliding window."""
+        SDPA at load, and holds this many query heads per KV head); no sequence past a sliding window; with
+        soft-capped scores, decodes only."""
         if self.window is not None and attn.max_seq_len > self.window:
+            return False
+        if self.softcap is not None and not attn.is_pure_decode:
             return False
         if attn.is_pure_decode:
             return num_tokens == attn.num_seqs
@@ -170,7 +178,8 @@ class FusedLayerStack:
             hidden.data_ptr(), out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads,
             self.kv_heads, self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(),
             cos_local.data_ptr(), sin_local.data_ptr(), slots.data_ptr(),
-            tables.data_ptr(), tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale, self.eps,
+            tables.data_ptr(), tables.shape[1], decodes, lens.data_ptr(), self.block_size, stride, self.scale,
+            self.softcap or 0.0, self.eps,
             self.activation, torch.get_num_threads())
         if failed:
             raise MemoryError("fused decode: no memory for its scratch buffers")
@@ -201,15 +210,39 @@ def _weight(norm) -> int | None:
     return None if norm is None else norm.weight.data_ptr()
 
 
-def _layer(layer, k: torch.Tensor, v: torch.Tensor) -> Layer:
-    descs = [m.desc() for m in (layer.qkv, layer.o_proj, layer.gate_up, layer.down)]
+def _linears(layer) -> list:
+    """Every linear of a decoder layer: its attention's, and its MLP's or each expert's."""
+    mlp = [layer.gate_up, layer.down] if layer.moe is None else [*layer.moe.gate_up, *layer.moe.down]
+    return [layer.qkv, layer.o_proj, *mlp]
+
+
+class _ExpertsArgs:
+    """An `experts_t` and the WeightDesc pointer arrays it points into, kept alive together."""
+
+    def __init__(self, moe) -> None:
+        gate_up, down = ([m.desc() for m in linears] for linears in (moe.gate_up, moe.down))
+        self._descs = gate_up + down
+        self._gate_up = (ctypes.c_void_p * len(gate_up))(*(ctypes.addressof(d) for d in gate_up))
+        self._down = (ctypes.c_void_p * len(down))(*(ctypes.addressof(d) for d in down))
+        self._router = moe.router.detach().float().contiguous()
+        self.struct = Experts(router=self._router.data_ptr(), gate_up=ctypes.addressof(self._gate_up),
+                              down=ctypes.addressof(self._down),
+                              gemm_min=(ctypes.c_int64 * 2)(gemm_min_tokens(gate_up[0]), gemm_min_tokens(down[0])),
+                              num_experts=len(gate_up), top_k=moe.top_k, normalize=int(moe.normalize))
+
+
+def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None) -> Layer:
+    mlp = [layer.gate_up, layer.down] if experts is None else []
+    descs = [m.desc() for m in (layer.qkv, layer.o_proj, *mlp)]
+    gemm_min = [gemm_min_tokens(d) for d in descs] + [0] * (4 - len(descs))
     return Layer(
-        *(ctypes.addressof(d) for d in descs), (ctypes.c_int64 * 4)(*(gemm_min_tokens(d) for d in descs)),
+        *(ctypes.addressof(d) for d in descs), *([None, None] if experts is not None else []),
+        (ctypes.c_int64 * 4)(*gemm_min),
         input_norm=_weight(layer.input_norm), post_norm=_weight(layer.mlp_norm),
         attn_out_norm=_weight(layer.attn_out_norm), mlp_out_norm=_weight(layer.mlp_out_norm),
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
         rope=_ROPE_TABLES[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(),
-        v_cache=v.data_ptr())
+        v_cache=v.data_ptr(), experts=None if experts is None else ctypes.addressof(experts.struct))
 
 
 def _leading_decodes(query_lens: list[int]) -> int:

@@ -50,14 +50,21 @@ class RopeTables(IntEnum):
     ROPE_LOCAL = 2
 
 
+class Experts(ctypes.Structure):
+    """`experts_t`: a layer's mixture of experts (its router and each expert's two WeightDescs)."""
+
+    _fields_ = [("router", _p), ("gate_up", _p), ("down", _p), ("gemm_min", _i64 * 2), ("num_experts", _i32),
+                ("top_k", _i32), ("normalize", _i32)]
+
+
 class Layer(ctypes.Structure):
     """`layer_t`: one decoder layer of the fused stack (pointers to its WeightDescs, norms and K/V caches;
-    a NULL norm is one the layer does not have)."""
+    a NULL norm is one the layer does not have; gate_up and down NULL where `experts` is not)."""
 
     _fields_ = [("qkv", _p), ("o", _p), ("gate_up", _p), ("down", _p), ("gemm_min", _i64 * 4),
                 ("input_norm", _p), ("post_norm", _p), ("attn_out_norm", _p), ("mlp_out_norm", _p),
                 ("q_norm", _p), ("k_norm", _p), ("qk_norm_per_head", _i32), ("rope", _i32),
-                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p)]
+                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p)]
 
 
 class Prompts(ctypes.Structure):
@@ -66,7 +73,7 @@ class Prompts(ctypes.Structure):
     _fields_ = [("run", _p), ("S", _i64), ("trow", _p), ("qstart", _p), ("qlen", _p), ("klen", _p)]
 
 
-C_NAMES = {WeightDesc: "qweight_t", Layer: "layer_t", Prompts: "prompts_t"}
+C_NAMES = {WeightDesc: "qweight_t", Layer: "layer_t", Prompts: "prompts_t", Experts: "experts_t"}
 
 _PREFILL = ([_p, _i64, _p, _p, _p, _p, _i64] + [_p] * 4 + [_i64] * 5 + [_f32, ctypes.c_int], ctypes.c_int)
 #: name: (argument types, result type) of every function Python calls.
@@ -78,7 +85,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "amx_usable": ([], ctypes.c_int),
     "set_amx_min_rows": ([_i64, _i64, _i64], None),
     "quant_apply": ([_p, _p, _i64, _p, _i64, _i64, _i64, ctypes.c_int], None),
-    "paged_decode_f32": ([_p] * 7 + [_i64] * 7 + [_f32, ctypes.c_int], None),
+    "paged_decode_f32": ([_p] * 7 + [_i64] * 7 + [_f32, _f32, ctypes.c_int], None),
     "paged_prefill_f32": _PREFILL,
     "paged_prefill_bf16": _PREFILL,
     "paged_prefill_amx": _PREFILL,
@@ -86,7 +93,7 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "has_amx_prefill": ([], ctypes.c_int),
     "set_amx_prefill": ([ctypes.c_int], None),
     "layer_stack": ([_p, _i64, _p, _p, _p, _p] + [_i64] * 6 + [_p] * 6 + [_i64] * 2 + [_p] + [_i64] * 2
-                    + [_f32] * 2 + [_i32, ctypes.c_int], ctypes.c_int),
+                    + [_f32] * 3 + [_i32, ctypes.c_int], ctypes.c_int),
 }
 
 

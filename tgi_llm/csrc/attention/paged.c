@@ -95,6 +95,20 @@ static inline float softmax_numerators(float* restrict row, const int64_t L) {
     return 1.f / sum;
 }
 
+static inline void softcap_row(float* restrict row, const int64_t L, const float cap) {
+    /* row <- cap tanh(row / cap): Gemma 2's soft-capped scores. tanh |x| = (1 - e) / (1 + e) with
+       e = exp(-2 |x|), which keeps vexp's argument at or below 0, where it is accurate */
+    const int64_t Lv = L / VL * VL;
+    const V zero = vzero(), one = vset1(1.f);
+    for (int64_t l = 0; l < Lv; l += VL) {
+        const V x = vld(row + l) * (1.f / cap);
+        const V e = vexp(vblend(x < zero, x, -x) * 2.f);
+        const V t = (one - e) / (one + e) * cap;
+        vst(row + l, vblend(x < zero, -t, t));
+    }
+    for (int64_t l = Lv; l < L; l++) row[l] = cap * tanhf(row[l] / cap);
+}
+
 #define PV_ACC 12 /* accumulators add_pv keeps in registers when it takes several heads */
 /* gcc 12 cannot see that add_pv reads only the NH x C accumulators it loaded (both are constant where it is
    inlined) and warns about the rest of acc; initializing all MAX_DV of them would cost stores on every call */
@@ -142,9 +156,10 @@ static inline void scale_rows(float* restrict o, const float* restrict inv, cons
 static inline __attribute__((always_inline)) void decode_heads(
     const float* restrict qs, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
     const int64_t L, float* restrict s, float* restrict os, const int64_t H, const int64_t G, const int64_t tok,
-    const int64_t D, const int64_t BS, const int64_t stride, const float scale) {
+    const int64_t D, const int64_t BS, const int64_t stride, const float scale, const float softcap) {
     /* One work item: H consecutive KV heads of a sequence (kc/vc offset to the first), G query heads each.
-       qs, os: those H G query heads [H G][D]; s: their score rows [H G][stride]; tok: floats per token row */
+       qs, os: those H G query heads [H G][D]; s: their score rows [H G][stride]; tok: floats per token row;
+       softcap > 0: scores soft-capped before the softmax */
     const int64_t C = D / VL, R = H * G, width = H * D;
     float q[R * D];
     for (int64_t i = 0; i < R * D; i++) q[i] = qs[i] * scale;
@@ -175,6 +190,8 @@ static inline __attribute__((always_inline)) void decode_heads(
             for (int64_t r = 0; r < R; r++) s[r * stride + l0 + t] = score1(q + r * D, kb + t * tok + (r / G) * D, C);
     }
     prefetch_rows(vc + (int64_t)table[0] * BS * tok, L < BS ? L : BS, tok, width); /* during the softmax */
+    if (softcap > 0.f)
+        for (int64_t r = 0; r < R; r++) softcap_row(s + r * stride, L, softcap);
     float inv[R];
     for (int64_t r = 0; r < R; r++) inv[r] = softmax_numerators(s + r * stride, L);
     for (int64_t i = 0; i < R * D; i++) os[i] = 0.f;
@@ -194,12 +211,12 @@ static inline __attribute__((always_inline)) void decode_heads(
 }
 
 /* q, out: [B, Hq, D]; k_cache, v_cache: [num_blocks, BS, Hkv, D]; block_tables: [B, W] int32;
-   seq_lens: [B] int32; scores: [B, Hq, stride] scratch, stride >= max seq_len rounded up to 16.
-   All float32, contiguous, D % 16 == 0. */
+   seq_lens: [B] int32; scores: [B, Hq, stride] scratch, stride >= max seq_len rounded up to 16;
+   softcap > 0: scores -> softcap tanh(scores / softcap) (0: none). All float32, contiguous, D % 16 == 0. */
 void paged_decode_f32(const float* restrict q, const float* restrict kc, const float* restrict vc,
                       const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
                       float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
-                      int64_t stride, float scale, int nthreads) {
+                      int64_t stride, float scale, float softcap, int nthreads) {
     const int64_t G = Hq / Hkv, tok = Hkv * D;
     /* KV heads an item: all of a sequence's once there are enough sequences, else one */
     const int64_t H = B >= SEQ_ITEMS_PER_THREAD * nthreads && Hq * D <= MAX_SEQ_QUERY_FLOATS ? Hkv : 1;
@@ -211,10 +228,10 @@ void paged_decode_f32(const float* restrict q, const float* restrict kc, const f
         const int32_t* table = block_tables + b * W;
         if (D == 64) /* the common head size, with its loop bounds known to the compiler */
             decode_heads(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, H, G, tok, 64, BS,
-                         stride, scale);
+                         stride, scale, softcap);
         else
             decode_heads(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, H, G, tok, D, BS,
-                         stride, scale);
+                         stride, scale, softcap);
     }
 }
 

@@ -42,9 +42,19 @@ typedef enum {
     ROPE_LOCAL,  /* cos_local/sin_local: Gemma 3's sliding layers */
 } rope_tables_t;
 
+/* A layer's mixture of experts (Mixtral, Qwen3-MoE): softmax over the router's logits, each token's top_k
+   experts (their probabilities renormalized to sum to 1 where `normalize`), sum of weight x expert MLP */
+typedef struct {
+    const float* router;             /* [E, H] float32 */
+    const qweight_t* const* gate_up; /* E weights [2 I_e, H]: gate rows, then up rows */
+    const qweight_t* const* down;    /* E weights [H, I_e] */
+    int64_t gemm_min[2];             /* as layer_t's, for every expert's gate_up and down */
+    int32_t num_experts, top_k, normalize;
+} experts_t;
+
 /* One decoder layer of the fused stack */
 typedef struct {
-    const qweight_t *qkv, *o, *gate_up, *down;
+    const qweight_t *qkv, *o, *gate_up, *down; /* gate_up, down: NULL where `experts` is not */
     int64_t gemm_min[4]; /* rows from which each of them takes the GEMM (quant/linear.py gemm_min_tokens) */
     const float *input_norm, *post_norm;       /* before attention, before the MLP (NULL: none, as OLMo 2) */
     const float *attn_out_norm, *mlp_out_norm; /* on each block's output before its residual add (NULL: none) */
@@ -54,6 +64,7 @@ typedef struct {
     int32_t rope;         /* rope_tables_t */
     float residual_scale; /* each block's output times this before the residual add (Granite; else 1) */
     float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
+    const experts_t* experts; /* NULL: a dense MLP */
 } layer_t;
 
 /* paged_prefill_f32 and its bfloat16 variants */
@@ -83,7 +94,7 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
 void paged_decode_f32(const float* restrict q, const float* restrict kc, const float* restrict vc,
                       const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
                       float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
-                      int64_t stride, float scale, int nthreads);
+                      int64_t stride, float scale, float softcap, int nthreads);
 int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
@@ -97,6 +108,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
                 const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
-                int64_t BS, int64_t stride, float scale, float eps, int32_t activation, int nthreads);
+                int64_t BS, int64_t stride, float scale, float softcap, float eps, int32_t activation,
+                int nthreads);
 
 #endif /* TGI_KERNELS_H */

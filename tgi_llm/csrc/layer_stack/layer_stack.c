@@ -2,6 +2,7 @@
    the K/V write, the SiLU or GELU gate and the residual adds here, the linears and attention through the kernels of quant/ and attention/. Built with
    -ffp-contract=off (tgi_llm/native/build.py): rope and the norms round like torch's separate ops. The
    Python side is tgi_llm/models/layer_stack.py. */
+#include "experts.h"
 #include "kernels.h"
 #include "vectors.h"
 #include <math.h>
@@ -131,20 +132,31 @@ static void qkv_row(const layer_t* ly, float* restrict row, const float* c, cons
 }
 
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
+   I: the largest dense MLP's intermediate size (0: every layer has experts).
    cos/sin [M, D] (cos_local/sin_local too, for ROPE_LOCAL layers; else NULL); slots [M] int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W],
-   seq_lens [B] int32 (after this token). Rows [B, M) are the prompt chunks of `prompts`.
+   seq_lens [B] int32 (after this token). Rows [B, M) are the prompt chunks of `prompts`. softcap > 0: decode
+   scores soft-capped (Gemma 2; the caller sends no prompt chunks then: the prefill kernels do not cap).
    Returns 0, or -1 if scratch memory could not be had. */
 int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
                 const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
-                int64_t BS, int64_t stride, float scale, float eps, int32_t activation, int nthreads) {
+                int64_t BS, int64_t stride, float scale, float softcap, float eps, int32_t activation,
+                int nthreads) {
     const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D;
-    const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I) + B * Hq * stride;
+    int64_t expert_floats = 0;
+    for (int64_t l = 0; l < L; l++)
+        if (layers[l].experts) {
+            const int64_t n = experts_scratch_floats(layers[l].experts, M, H);
+            expert_floats = n > expert_floats ? n : expert_floats;
+        }
+    const size_t floats = M * (H + QKV + 2 * Hq * D + H + 2 * I + I) + B * Hq * stride + expert_floats;
     float* scratch = malloc(floats * sizeof(float));
     if (!scratch) return -1;
     float *normed = scratch, *qkv = normed + M * H, *q = qkv + M * QKV, *att = q + M * Hq * D,
-          *proj = att + M * Hq * D, *gu = proj + M * H, *act = gu + M * 2 * I, *scores = act + M * I;
+          *proj = att + M * Hq * D, *gu = proj + M * H, *act = gu + M * 2 * I, *scores = act + M * I,
+          *expert_scratch = scores + B * Hq * stride;
+    const gate_fn gate = activation == ACT_GELU_TANH ? gelu_tanh_mul : silu_mul;
     rmsnorm(hidden, layers[0].input_norm, normed, M, H, eps, nthreads);
     for (int64_t l = 0; l < L; l++) {
         const layer_t* ly = layers + l;
@@ -156,7 +168,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
                     ly->v_cache + slots[m] * tok, Hq, Hkv, D, eps);
         if (B)
             paged_decode_f32(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride,
-                             scale, nthreads);
+                             scale, softcap, nthreads);
         if (prompts->S && prompts->run(q, Hq * D, att, ly->k_cache, ly->v_cache, tables, W, prompts->trow,
                                        prompts->qstart, prompts->qlen, prompts->klen, prompts->S, Hq, Hkv, D, BS,
                                        scale, nthreads)) {
@@ -165,12 +177,17 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
         }
         quant_apply(ly->o, att, Hq * D, proj, H, M, ly->gemm_min[1], nthreads);
         residual(hidden, proj, ly->attn_out_norm, ly->residual_scale, ly->post_norm, normed, M, H, eps, nthreads);
-        quant_apply(ly->gate_up, normed, H, gu, 2 * I, M, ly->gemm_min[2], nthreads);
-        if (activation == ACT_GELU_TANH)
-            gelu_tanh_mul(gu, act, M, I, nthreads);
-        else
-            silu_mul(gu, act, M, I, nthreads);
-        quant_apply(ly->down, act, I, proj, H, M, ly->gemm_min[3], nthreads);
+        if (ly->experts) {
+            if (experts_mlp(ly->experts, normed, proj, M, H, gate, expert_scratch, nthreads)) {
+                free(scratch);
+                return -1;
+            }
+        } else {
+            const int64_t Il = ly->gate_up->N / 2; /* Qwen3-MoE's dense layers have their own size */
+            quant_apply(ly->gate_up, normed, H, gu, 2 * Il, M, ly->gemm_min[2], nthreads);
+            gate(gu, act, M, Il, nthreads);
+            quant_apply(ly->down, act, Il, proj, H, M, ly->gemm_min[3], nthreads);
+        }
         /* the next layer's input norm, or after the last layer the final one */
         const int last = l == L - 1;
         residual(hidden, proj, ly->mlp_out_norm, ly->residual_scale, last ? final_norm : layers[l + 1].input_norm,
