@@ -36,6 +36,7 @@ FAMILIES = {
     "gemma2": ("gemma2", {"query_pre_attn_scalar": 64, "sliding_window": 4096}),
     "gemma3": ("gemma3_text", {"query_pre_attn_scalar": 64, "sliding_window": 512}),
     "phi3": ("phi3", {}),
+    "phi4-mini": ("phi3", {"partial_rotary_factor": 0.75}),  # rope on 3/4 of each head
     "granite": ("granite", {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015,
                             "logits_scaling": 8.0}),
     "olmo2": ("olmo2", {}),

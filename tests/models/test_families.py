@@ -111,22 +111,21 @@ def test_chunks_and_decodes_match_the_whole_sequence(tiny_model_factory, paged_b
 def test_what_the_c_layer_stack_does_not_implement_keeps_the_torch_layers(tiny_model_factory):
     from tgi_llm.models.layer_stack import _why_not
 
-    refused = {"phi3-partial-rotary": "rope on part of each head"}
-    for name, what in refused.items():
-        _, model, _ = _family_model(tiny_model_factory, name)
-        assert model.config.layer_stack_refusal == what
-        assert what in _why_not(model, [])
-    for name in ("qwen3", "gemma2", "gemma3", "olmo2", "granite", "smollm3", "phi3", "mixtral", "qwen3-moe"):
+    model, config = load_model(tiny_model_factory("gemma", hidden_activation="gelu", **_SMALL_HEADS))
+    assert config.layer_stack_refusal == "the gelu activation"  # exact (erf) GELU: the stack has tanh's
+    assert "the gelu activation" in _why_not(model, [])
+    for name in ("qwen3", "gemma2", "gemma3", "olmo2", "granite", "smollm3", "phi3", "phi3-partial-rotary",
+                 "mixtral", "qwen3-moe"):
         assert _family_model(tiny_model_factory, name)[1].config.layer_stack_refusal is None
 
 
 @pytest.mark.parametrize("name", ["qwen3", "gemma", "gemma2", "gemma3", "olmo2", "granite", "smollm3", "mixtral",
-                                  "qwen3-moe", "mixtral-8-experts-top-3"])
+                                  "qwen3-moe", "mixtral-8-experts-top-3", "phi3-partial-rotary"])
 def test_the_c_layer_stack_runs_each_family_it_implements(tiny_model_factory, paged_batcher, c_kernels, name):
     """Prompt steps and decode steps through the stack, checked on the live model against the torch layers
     (and here against transformers): q/k norms, norms after blocks, residual scales, layers without rope,
     local rope tables, the tanh-GELU gate, soft-capped decode scores (Gemma 2's prompts: the torch layers),
-    experts (Qwen3-MoE with a dense layer among them)."""
+    experts (Qwen3-MoE with a dense layer among them), rope on half of each head (Phi-4-mini)."""
     model_dir, model, config = _family_model(tiny_model_factory, name)
     ref = reference_model(model_dir)
     tokens = random_prompts([6], config.vocab_size, seed=5)[0]

@@ -43,6 +43,7 @@ static const abi_entry_t entries[] = {
     FIELD(layer_t, k_cache),
     FIELD(layer_t, v_cache),
     FIELD(layer_t, experts),
+    FIELD(layer_t, rope_dim),
     SIZE(experts_t),
     FIELD(experts_t, router),
     FIELD(experts_t, gate_up),

@@ -103,11 +103,10 @@ class ModelConfig:
     @property
     def layer_stack_refusal(self) -> str | None:
         """What in these layers the C layer stack does not implement (None: it runs them). It has norms
-        before and after each block, q/k norms, layers without rope or with local rope tables, residual
+        before and after each block, q/k norms, layers without rope, with local rope tables or with rope on
+        part of each head, residual
         scales, SiLU or tanh-GELU gates and mixtures of experts; sliding windows only while no sequence has
         outgrown them (`narrowest_window`); soft-capped scores in decode steps only."""
-        if self.rope.partial_factor != 1.0 or (self.local_rope is not None and self.local_rope.partial_factor != 1.0):
-            return "rope on part of each head"
         if self.hidden_act not in (*SILU_NAMES, *TANH_GELU_NAMES):
             return f"the {self.hidden_act} activation"
         return None

@@ -93,8 +93,9 @@ class FusedLayerStack:
                                 default=0)
         self.final_norm = model.norm.weight.detach()
         self._experts = [_ExpertsArgs(layer.moe) if layer.moe is not None else None for layer in model.layers]
+        rope_dims = {"global": model.rotary.dim, "local": getattr(model.local_rotary, "dim", 0), None: self.head_dim}
         self._layers = (Layer * len(model.layers))(*(
-            _layer(layer, k, v, experts)
+            _layer(layer, k, v, experts, rope_dims[layer.rope])
             for layer, (k, v), experts in zip(model.layers, kv_caches, self._experts, strict=True)))
         self.activation = (Activation.ACT_GELU_TANH if model.config.hidden_act in TANH_GELU_NAMES
                            else Activation.ACT_SILU)  # the two layer_stack_refusal lets through
@@ -231,7 +232,7 @@ class _ExpertsArgs:
                               num_experts=len(gate_up), top_k=moe.top_k, normalize=int(moe.normalize))
 
 
-def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None) -> Layer:
+def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None, rope_dim: int) -> Layer:
     mlp = [layer.gate_up, layer.down] if experts is None else []
     descs = [m.desc() for m in (layer.qkv, layer.o_proj, *mlp)]
     gemm_min = [gemm_min_tokens(d) for d in descs] + [0] * (4 - len(descs))
@@ -242,7 +243,8 @@ def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None
         attn_out_norm=_weight(layer.attn_out_norm), mlp_out_norm=_weight(layer.mlp_out_norm),
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
         rope=_ROPE_TABLES[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(),
-        v_cache=v.data_ptr(), experts=None if experts is None else ctypes.addressof(experts.struct))
+        v_cache=v.data_ptr(), experts=None if experts is None else ctypes.addressof(experts.struct),
+        rope_dim=rope_dim)
 
 
 def _leading_decodes(query_lens: list[int]) -> int:

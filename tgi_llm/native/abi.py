@@ -64,7 +64,7 @@ class Layer(ctypes.Structure):
     _fields_ = [("qkv", _p), ("o", _p), ("gate_up", _p), ("down", _p), ("gemm_min", _i64 * 4),
                 ("input_norm", _p), ("post_norm", _p), ("attn_out_norm", _p), ("mlp_out_norm", _p),
                 ("q_norm", _p), ("k_norm", _p), ("qk_norm_per_head", _i32), ("rope", _i32),
-                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p)]
+                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p), ("rope_dim", _i64)]
 
 
 class Prompts(ctypes.Structure):

@@ -65,6 +65,7 @@ typedef struct {
     float residual_scale; /* each block's output times this before the residual add (Granite; else 1) */
     float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
     const experts_t* experts; /* NULL: a dense MLP */
+    int64_t rope_dim;         /* the first rope_dim of each head are rotated (its tables' width), the rest pass */
 } layer_t;
 
 /* paged_prefill_f32 and its bfloat16 variants */

@@ -125,16 +125,21 @@ static void qkv_row(const layer_t* ly, float* restrict row, const float* c, cons
         memcpy(q_out, row, Hq * D * sizeof(float));
         memcpy(kdst, row + Hq * D, Hkv * D * sizeof(float));
     } else {
-        for (int64_t h = 0; h < Hq; h++) rope_row(row + h * D, c, s, q_out + h * D, D);
-        for (int64_t h = 0; h < Hkv; h++) rope_row(row + (Hq + h) * D, c, s, kdst + h * D, D);
+        const int64_t R = ly->rope_dim; /* partial rotary (Phi-4-mini): the rest of the head passes as it is */
+        for (int64_t h = 0; h < Hq + Hkv; h++) {
+            float* dst = h < Hq ? q_out + h * D : kdst + (h - Hq) * D;
+            rope_row(row + h * D, c, s, dst, R);
+            memcpy(dst + R, row + h * D + R, (D - R) * sizeof(float));
+        }
     }
     memcpy(vdst, row + (Hq + Hkv) * D, Hkv * D * sizeof(float));
 }
 
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
    I: the largest dense MLP's intermediate size (0: every layer has experts).
-   cos/sin [M, D] (cos_local/sin_local too, for ROPE_LOCAL layers; else NULL); slots [M] int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W],
-   seq_lens [B] int32 (after this token). Rows [B, M) are the prompt chunks of `prompts`. softcap > 0: decode
+   cos/sin [M, rope_dim of the ROPE_GLOBAL layers] (cos_local/sin_local: of the ROPE_LOCAL ones); slots [M]
+   int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W], seq_lens [B] int32 (after
+   this token). Rows [B, M) are the prompt chunks of `prompts`. softcap > 0: decode
    scores soft-capped (Gemma 2; the caller sends no prompt chunks then: the prefill kernels do not cap).
    Returns 0, or -1 if scratch memory could not be had. */
 int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
@@ -164,8 +169,8 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
         const float *c = ly->rope == ROPE_LOCAL ? cos_local : cos, *sn = ly->rope == ROPE_LOCAL ? sin_local : sin;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
         for (int64_t m = 0; m < M; m++)
-            qkv_row(ly, qkv + m * QKV, c + m * D, sn + m * D, q + m * Hq * D, ly->k_cache + slots[m] * tok,
-                    ly->v_cache + slots[m] * tok, Hq, Hkv, D, eps);
+            qkv_row(ly, qkv + m * QKV, c + m * ly->rope_dim, sn + m * ly->rope_dim, q + m * Hq * D,
+                    ly->k_cache + slots[m] * tok, ly->v_cache + slots[m] * tok, Hq, Hkv, D, eps);
         if (B)
             paged_decode_f32(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride,
                              scale, softcap, nthreads);
