@@ -199,3 +199,34 @@ def test_served_greedy_tokens_are_transformers_own_choice(tiny_model_factory, de
     for outputs in runs.values():
         assert all(len(out) == params["max_new_tokens"] for out in outputs)
         assert_greedy_is_transformers_choice(ref, prompts, outputs)
+
+
+def test_a_gemma3_multimodal_checkpoint_serves_its_language_model(tmp_path, paged_batcher):
+    """Gemma 3 from 4B up ships as Gemma3ForConditionalGeneration: its text model is served natively (weights
+    under `language_model.model.`), with transformers' defaults for what the Hub's text_config leaves out;
+    text-only logits are the multimodal model's own."""
+    import json
+
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 7, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 384, "sliding_window": 6,
+            "query_pre_attn_scalar": 16}
+    torch.manual_seed(0)
+    vision = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "image_size": 28, "patch_size": 14}
+    Gemma3ForConditionalGeneration(Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                                image_token_index=300, boi_token_index=301, eoi_token_index=302)
+                                   ).save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["text_config"] = {**text, "model_type": "gemma3_text"}  # as the Hub writes it: what differs only
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    model, config = load_model(tmp_path)
+    assert config.family == "gemma3" and config.sliding_windows[5] is None and config.sliding_windows[4] == 6
+    ref = Gemma3ForConditionalGeneration.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    prompts = random_prompts([5, 13], 300)
+    got = PagedRun(model, config, paged_batcher(block_size=4, num_blocks=40)).step(list(enumerate(prompts)))
+    for prompt, logits in zip(prompts, got, strict=True):
+        with torch.no_grad():
+            want = ref(input_ids=torch.tensor([prompt])).logits[0]
+        assert rel_err(logits, want) < 1e-4

@@ -74,6 +74,7 @@ def test_served_greedy_tokens_are_transformers_own_choice(tiny_model_factory, de
     ({"model_type": "t5", "vocab_size": 64, "d_model": 32}, "encoder-decoder"),
     ({"model_type": "mamba", "vocab_size": 64, "hidden_size": 32}, "no attention layers"),
     ({"model_type": "no-such-model", "vocab_size": 64}, "transformers does not know it either"),
+    ({"model_type": "llama4"}, "it takes multimodal inputs"),
 ])
 def test_what_transformers_cannot_serve_here_is_refused_at_start_up(tmp_path, cfg, match):
     (tmp_path / "config.json").write_text(json.dumps(cfg))

@@ -20,10 +20,10 @@ def _refusal(cfg: Any) -> str | None:
         return "it is an encoder-decoder model"
     if cfg.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return "transformers has no causal LM of this type"
+    if any(hasattr(cfg, name) for name in ("vision_config", "audio_config", "text_config")):
+        return "it takes multimodal inputs"  # (its own attribute has no heads: checked first, to say why)
     if not getattr(cfg, "num_attention_heads", None):
         return "it has no attention layers"
-    if any(hasattr(cfg, name) for name in ("vision_config", "audio_config", "text_config")):
-        return "it takes multimodal inputs"
     other = set(getattr(cfg, "layer_types", None) or ()) - {"full_attention", "sliding_attention"}
     if other:
         return f"it has layers that are not attention ({', '.join(sorted(other))})"

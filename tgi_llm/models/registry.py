@@ -30,9 +30,31 @@ def find_family(cfg: dict[str, Any]) -> Family:
                      f"{served}")
 
 
+#: Multimodal checkpoints whose language model a native family serves on its own (text in, text out).
+LANGUAGE_MODEL_OF = {"Gemma3ForConditionalGeneration": "gemma3_text"}
+
+
+def _language_model(cfg: dict[str, Any]) -> dict[str, Any] | None:
+    """The text model's config.json of a multimodal checkpoint listed in LANGUAGE_MODEL_OF, with transformers'
+    defaults for what the checkpoint leaves out of its text_config (Hub configs list only what differs)."""
+    model_type = next((LANGUAGE_MODEL_OF[a] for a in cfg.get("architectures") or [] if a in LANGUAGE_MODEL_OF), None)
+    if model_type is None or not isinstance(cfg.get("text_config"), dict):
+        return None
+    from transformers import AutoConfig  # its config classes: only for these checkpoints
+
+    text = AutoConfig.for_model(**{**cfg["text_config"], "model_type": model_type}).to_dict()
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in cfg and key not in cfg["text_config"]:
+            text[key] = cfg[key]
+    return {**text, "architectures": [type(AutoConfig.for_model(model_type)).__name__.replace("Config", "ForCausalLM")]}
+
+
 def read_config(cfg: dict[str, Any]) -> ModelConfig:
     """The ModelConfig of a config.json's contents: the common fields, then its family's; a model no family
-    serves goes through transformers' modeling code where that can serve it (backed_config.py)."""
+    serves goes through transformers' modeling code where that can serve it (backed_config.py). A multimodal
+    checkpoint of LANGUAGE_MODEL_OF is served as its language model (its weights are read under the text
+    model's names: weights/safetensors_loader.py)."""
+    cfg = _language_model(cfg) or cfg
     try:
         family = find_family(cfg)
     except ValueError as exc:

@@ -34,6 +34,20 @@ class Shard:
 NO_SHARD = Shard()
 
 
+#: Where multimodal checkpoints keep their language model (original and transformers >= 4.52 layouts).
+_LANGUAGE_MODEL_PREFIXES = {"language_model.model.": "model.", "model.language_model.": "model.",
+                            "language_model.lm_head.": "lm_head."}
+
+
+def _language_model_names(names) -> dict[str, str]:
+    """A multimodal checkpoint's language-model tensors under a text model's names ("model.layers.0...",
+    "lm_head.weight"); empty for a text model's own checkpoint."""
+    if "model.embed_tokens.weight" in names:
+        return {}
+    return {text + name[len(prefix):]: name for name in names
+            for prefix, text in _LANGUAGE_MODEL_PREFIXES.items() if name.startswith(prefix)}
+
+
 class SafetensorsWeights:
     """Name -> tensor access over `model.safetensors` or a sharded index; files are opened lazily."""
 
@@ -41,6 +55,8 @@ class SafetensorsWeights:
         self.model_dir = Path(model_dir)
         self.device = str(device)
         self._file_of = self._index(self.model_dir)
+        self._stored = _language_model_names(self._file_of)  # name read -> name in the file, where they differ
+        self._file_of.update({name: self._file_of[stored] for name, stored in self._stored.items()})
         self._handles: dict[str, Any] = {}
 
     @staticmethod
@@ -72,14 +88,14 @@ class SafetensorsWeights:
         return name in self._file_of
 
     def shape(self, name: str) -> list[int]:
-        return list(self._handle(name).get_slice(name).get_shape())
+        return list(self.get_slice(name).get_shape())
 
     def get_tensor(self, name: str) -> torch.Tensor:
-        return self._handle(name).get_tensor(name)
+        return self._handle(name).get_tensor(self._stored.get(name, name))
 
     def get_slice(self, name: str) -> Any:
         """A lazy view: index it (`s[a:b]`, `s[:, a:b]`) to read only that part from disk."""
-        return self._handle(name).get_slice(name)
+        return self._handle(name).get_slice(self._stored.get(name, name))
 
     def load_sharded(self, name: str, dim: int | None, shard: Shard = NO_SHARD) -> torch.Tensor:
         """The `shard.rank`-th of `world_size` equal chunks along `dim` (the whole tensor if dim is None)."""
