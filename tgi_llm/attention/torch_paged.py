@@ -44,15 +44,13 @@ class TorchPagedAttention:
         `softcap`: scores become softcap * tanh(scores / softcap) before the softmax."""
         write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
         outside_window = window is not None and attn.max_seq_len > window
-        if softcap is not None and not outside_window and attn.is_pure_decode and q.shape[0] == attn.num_seqs:
-            kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
-            if kernels is not None and kernels.supports(q, k_cache) and k_cache.is_contiguous():
-                return kernels.decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.max_seq_len, scale,
-                                      softcap)
-        if softcap is not None or outside_window:  # the kernels cap decode scores only
+        all_decodes = attn.is_pure_decode and q.shape[0] == attn.num_seqs  # the common step
+        # soft-capped scores: the decode kernel caps them, nothing else here does
+        if all_decodes and not outside_window and (softcap is None or _decode_kernels(q, k_cache) is not None):
+            return self._decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale,
+                                softcap)
+        if softcap is not None or outside_window:
             return windowed_attention(q, k_cache, v_cache, attn, scale, window, softcap)
-        if attn.is_pure_decode and q.shape[0] == attn.num_seqs:  # the common step: all decodes
-            return self._decode(q, k_cache, v_cache, attn.block_tables, attn.seq_lens, attn.seq_lens_cpu, scale)
 
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
@@ -106,12 +104,12 @@ class TorchPagedAttention:
         seq_lens: torch.Tensor,
         seq_lens_cpu: list[int],
         scale: float,
+        softcap: float | None = None,  # only where _decode_kernels serves q
     ) -> torch.Tensor:
         """q: [B, Hq, D], one query per sequence -> [B, Hq, D]."""
-        kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
-        if kernels is not None and kernels.supports(q, k_cache) and k_cache.is_contiguous():
-            # reads K/V in place, no gathered copy (cpu_kernels.py)
-            return kernels.decode(q, k_cache, v_cache, block_tables, seq_lens, max(seq_lens_cpu), scale)
+        kernels = _decode_kernels(q, k_cache)
+        if kernels is not None:  # reads K/V in place, no gathered copy (cpu_kernels.py)
+            return kernels.decode(q, k_cache, v_cache, block_tables, seq_lens, max(seq_lens_cpu), scale, softcap)
         batch, num_heads, dim = q.shape
         block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
         num_blocks = -(-max(seq_lens_cpu) // block_size)
@@ -159,6 +157,12 @@ class TorchPagedAttention:
             enable_gqa=True,
         )
         return out[0].transpose(0, 1)
+
+
+def _decode_kernels(q: torch.Tensor, k_cache: torch.Tensor):
+    """The C decode kernel where it serves these queries and this cache (None: it does not)."""
+    kernels = cpu_attention_kernels() if q.device.type == "cpu" else None
+    return kernels if kernels is not None and kernels.supports(q, k_cache) and k_cache.is_contiguous() else None
 
 
 def windowed_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, attn: AttentionMetadata,

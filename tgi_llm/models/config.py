@@ -104,9 +104,9 @@ class ModelConfig:
     def layer_stack_refusal(self) -> str | None:
         """What in these layers the C layer stack does not implement (None: it runs them). It has norms
         before and after each block, q/k norms, layers without rope, with local rope tables or with rope on
-        part of each head, residual
-        scales, SiLU or tanh-GELU gates and mixtures of experts; sliding windows only while no sequence has
-        outgrown them (`narrowest_window`); soft-capped scores in decode steps only."""
+        part of each head, residual scales, SiLU or tanh-GELU gates and mixtures of experts; sliding windows
+        only while no sequence has outgrown them (`narrowest_window`); soft-capped scores in decode steps
+        only."""
         if self.hidden_act not in (*SILU_NAMES, *TANH_GELU_NAMES):
             return f"the {self.hidden_act} activation"
         return None

@@ -233,12 +233,12 @@ class _ExpertsArgs:
 
 
 def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None, rope_dim: int) -> Layer:
-    mlp = [layer.gate_up, layer.down] if experts is None else []
-    descs = [m.desc() for m in (layer.qkv, layer.o_proj, *mlp)]
-    gemm_min = [gemm_min_tokens(d) for d in descs] + [0] * (4 - len(descs))
+    """qkv, o, gate_up, down: the last two NULL (gemm_min 0) where the layer has experts."""
+    linears = [layer.qkv, layer.o_proj, *((layer.gate_up, layer.down) if experts is None else (None, None))]
+    descs = [None if m is None else m.desc() for m in linears]
     return Layer(
-        *(ctypes.addressof(d) for d in descs), *([None, None] if experts is not None else []),
-        (ctypes.c_int64 * 4)(*gemm_min),
+        *(None if d is None else ctypes.addressof(d) for d in descs),
+        (ctypes.c_int64 * 4)(*(0 if d is None else gemm_min_tokens(d) for d in descs)),
         input_norm=_weight(layer.input_norm), post_norm=_weight(layer.mlp_norm),
         attn_out_norm=_weight(layer.attn_out_norm), mlp_out_norm=_weight(layer.mlp_out_norm),
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),

@@ -42,11 +42,12 @@ def _language_model(cfg: dict[str, Any]) -> dict[str, Any] | None:
         return None
     from transformers import AutoConfig  # its config classes: only for these checkpoints
 
-    text = AutoConfig.for_model(**{**cfg["text_config"], "model_type": model_type}).to_dict()
+    config = AutoConfig.for_model(**{**cfg["text_config"], "model_type": model_type})
+    text = config.to_dict()
     for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
         if key in cfg and key not in cfg["text_config"]:
             text[key] = cfg[key]
-    return {**text, "architectures": [type(AutoConfig.for_model(model_type)).__name__.replace("Config", "ForCausalLM")]}
+    return {**text, "architectures": [type(config).__name__.replace("Config", "ForCausalLM")]}
 
 
 def read_config(cfg: dict[str, Any]) -> ModelConfig:

@@ -8,28 +8,23 @@ naming it. The converted model's own tensor list is checked against the file's l
 
 from __future__ import annotations
 
+from tgi_llm.weights.gguf_config import Metadata
 from tgi_llm.weights.gguf_layout import LAYOUTS, GGUFLayout, layout_for, place
-
-
-def has_experts(tensor_names) -> bool:
-    return any("_exps." in name for name in tensor_names)
 
 
 def check_servable(reader, name: str) -> GGUFLayout:
     """The layout of the GGUF `reader` reads; ValueError naming the file and what is wrong where we would
     serve it wrongly."""
-    field = reader.fields.get("general.architecture")
-    arch = field.contents() if field is not None else "llama"
+    meta = Metadata(reader, name)
     names = [t.name for t in reader.tensors]
-    experts = reader.fields.get(f"{arch}.expert_count")
-    layout = layout_for(arch, has_experts(names) or bool(experts and experts.contents()))
+    layout = layout_for(meta.arch, names, meta.get("expert_count"))
     if layout is None:
-        raise ValueError(f"{name}: GGUF architecture {arch!r} is not served; GGUF files of "
+        raise ValueError(f"{name}: GGUF architecture {meta.arch!r} is not served; GGUF files of "
                          f"{', '.join(sorted(LAYOUTS))} (and Mixtral as llama.cpp writes it) are "
                          "(serve the Hugging Face checkpoint instead)")
     config_tensors = {f"{t}.weight" for t in layout.config_tensors}
     for tensor in names:
         if tensor not in config_tensors and place(layout, tensor) is None:
-            raise ValueError(f"{name}: tensor {tensor!r} is not part of the {arch} architecture this server "
+            raise ValueError(f"{name}: tensor {tensor!r} is not part of the {meta.arch} architecture this server "
                              "reads (a GGUF converted from another architecture?); refusing to serve it")
     return layout

@@ -4,8 +4,9 @@ llama.cpp keeps some settings as metadata and fixes others in its own code per a
 written back here as transformers names them, so the converted directory describes the model llama.cpp
 would run. What llama.cpp fixes rather than stores: Gemma 2 alternates sliding and global layers and Gemma 3
 has one global layer in six; Gemma scales queries by the head size (by hidden / heads for the 27B models);
-SmolLM3 leaves rope out of every fourth layer; Qwen3-MoE renormalises its top-k router weights. A setting
-the file has but we do not read is refused by name rather than dropped.
+SmolLM3 leaves rope out of every fourth layer; Qwen3-MoE renormalises its top-k router weights. Settings
+we cannot serve (another rope scaling, KV head counts that differ between layers, values wider than keys)
+are refused by name.
 """
 
 from __future__ import annotations

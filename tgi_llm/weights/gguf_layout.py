@@ -32,9 +32,8 @@ class GGUFLayout:
 
     model_type: str
     architecture: str  # config.json's `architectures` entry
-    layer: dict[str, str]  # GGUF tensor in block N -> its name under model.layers.N.
-    #: MoE: the router's name, and HF names of one expert's (gate, up, down) with `{e}` for the expert
-    router: str | None = None
+    layer: dict[str, str]  # GGUF tensor in block N -> its name under model.layers.N. (the MoE router included)
+    #: MoE: HF names of one expert's (gate, up, down), `{e}` for the expert
     experts: tuple[str, str, str] | None = None
     permuted_qk: bool = False  # llama.cpp's converter reorders q/k rows (LlamaModel.permute)
     norm_plus_one: bool = False  # Gemma: the file holds 1 + w for every norm weight
@@ -58,21 +57,22 @@ LAYOUTS = {
     "olmo2": GGUFLayout("olmo2", "Olmo2ForCausalLM", {**_ATTENTION, **_QK_NORMS, **_SANDWICH, **_MLP}),
     "smollm3": GGUFLayout("smollm3", "SmolLM3ForCausalLM", _LLAMA, permuted_qk=True),
     "qwen3moe": GGUFLayout("qwen3_moe", "Qwen3MoeForCausalLM",
-                           {**_LLAMA, **_QK_NORMS, "ffn_gate_inp": "mlp.gate"}, router="mlp.gate",
+                           {**_LLAMA, **_QK_NORMS, "ffn_gate_inp": "mlp.gate"},
                            experts=("mlp.experts.{e}.gate_proj", "mlp.experts.{e}.up_proj",
                                     "mlp.experts.{e}.down_proj")),
 }
 #: llama.cpp converts Mixtral to its `llama` architecture with expert tensors added.
 MIXTRAL = GGUFLayout("mixtral", "MixtralForCausalLM", {**_LLAMA, "ffn_gate_inp": "block_sparse_moe.gate"},
-                     router="block_sparse_moe.gate", permuted_qk=True,
+                     permuted_qk=True,
                      experts=("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w3",
                               "block_sparse_moe.experts.{e}.w2"))
 
 
-def layout_for(arch: str, expert_count: int | None) -> GGUFLayout | None:
-    if arch == "llama" and expert_count:
-        return MIXTRAL
-    return LAYOUTS.get(arch)
+def layout_for(arch: str, tensor_names, expert_count: int | None = None) -> GGUFLayout | None:
+    """The layout of a file of llama.cpp's `arch` with these tensors (and `expert_count` metadata, where read):
+    a `llama` with experts is a Mixtral."""
+    experts = expert_count or any("_exps." in name for name in tensor_names)
+    return MIXTRAL if arch == "llama" and experts else LAYOUTS.get(arch)
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,14 @@ def place(layout: GGUFLayout, gguf_name: str) -> TensorPlace | None:
     if kind in layout.layer:
         return TensorPlace(f"{prefix}{layout.layer[kind]}.{leaf}", is_norm=kind.endswith("norm"))
     return None
+
+
+def permuted_heads(layout: GGUFLayout, hf_name: str, num_heads: int, num_kv_heads: int) -> int | None:
+    """The head count llama.cpp permuted the rows of this tensor by (a q/k projection weight of a permuting
+    layout), else None."""
+    if not (layout.permuted_qk and hf_name.endswith(".weight")):
+        return None
+    return {"q_proj": num_heads, "k_proj": num_kv_heads}.get(hf_name.split(".")[-2])
 
 
 def unpermute_rows(n_rows: int, n_head: int) -> list[int]:

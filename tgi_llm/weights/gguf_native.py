@@ -17,9 +17,8 @@ import torch
 
 from tgi_llm.quant.formats import QuantizedWeight
 from tgi_llm.quant.gguf_blocks import SUPPORTED, from_gguf_blocks
-from tgi_llm.weights.gguf_checks import has_experts
 from tgi_llm.weights.gguf_header import GGUFTensor, read_directory
-from tgi_llm.weights.gguf_layout import layout_for, place, unpermute_rows
+from tgi_llm.weights.gguf_layout import layout_for, permuted_heads, place, unpermute_rows
 from tgi_llm.weights.gguf_marker import MARKER_FILE
 
 logger = logging.getLogger(__name__)
@@ -39,10 +38,11 @@ class GGUFQuantizedTensors:
     def __init__(self, path: str | Path, num_heads: int, num_kv_heads: int) -> None:
         self.path = Path(path)
         directory = read_directory(self.path)
-        layout = layout_for(directory.architecture or "llama", has_experts(t.name for t in directory.tensors))
+        self._layout = layout_for(directory.architecture or "llama", [t.name for t in directory.tensors])
+        self._heads = (num_heads, num_kv_heads)
         self._tensors: dict[str, tuple[GGUFTensor, int | None]] = {}  # HF name -> (tensor, expert or None)
         for t in directory.tensors:
-            where = place(layout, t.name) if layout is not None else None
+            where = place(self._layout, t.name) if self._layout is not None else None
             kind = t.type_name
             if where is None or kind in ("F32", "F16", "BF16"):
                 continue
@@ -53,7 +53,6 @@ class GGUFQuantizedTensors:
                 self._tensors.update({where.hf_name.format(e=e): (t, e) for e in range(int(t.shape[2]))})
             else:
                 self._tensors[where.hf_name] = (t, None)
-        self._heads = {"q_proj": num_heads, "k_proj": num_kv_heads} if layout and layout.permuted_qk else {}
 
     @property
     def types(self) -> dict[str, str]:
@@ -68,7 +67,7 @@ class GGUFQuantizedTensors:
         k, rows = (int(d) for d in t.shape[:2])  # GGUF lists dims innermost first; experts outermost
         data = t.data if expert is None else t.data.reshape(int(t.shape[2]), -1)[expert]
         qw = from_gguf_blocks(t.type_name, data, rows, k)
-        proj = name.split(".")[-2]
-        if proj in self._heads:
-            qw = qw.rows(torch.tensor(unpermute_rows(rows, self._heads[proj])))
+        heads = permuted_heads(self._layout, name, *self._heads)
+        if heads is not None:
+            qw = qw.rows(torch.tensor(unpermute_rows(rows, heads)))
         return qw

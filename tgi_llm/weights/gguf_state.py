@@ -13,12 +13,11 @@ import numpy as np
 import torch
 from gguf.quants import dequantize
 
-from tgi_llm.weights.gguf_layout import GGUFLayout, place, unpermute_rows
+from tgi_llm.weights.gguf_layout import GGUFLayout, permuted_heads, place, unpermute_rows
 
 
 def hf_tensors(reader, layout: GGUFLayout, num_heads: int, num_kv_heads: int) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every weight tensor of the GGUF `reader` reads."""
-    heads = {"q_proj": num_heads, "k_proj": num_kv_heads} if layout.permuted_qk else {}
     for tensor in reader.tensors:
         where = place(layout, tensor.name)
         if where is None:
@@ -28,9 +27,9 @@ def hf_tensors(reader, layout: GGUFLayout, num_heads: int, num_kv_heads: int) ->
         values = torch.from_numpy(array if array.flags.writeable else array.copy())
         if where.is_norm and layout.norm_plus_one:
             values = values - 1.0
-        proj = where.hf_name.split(".")[-2]
-        if proj in heads and where.hf_name.endswith(".weight"):
-            values = values[unpermute_rows(values.shape[0], heads[proj])]
+        heads = permuted_heads(layout, where.hf_name, num_heads, num_kv_heads)
+        if heads is not None:
+            values = values[unpermute_rows(values.shape[0], heads)]
         if where.per_expert:
             for expert, matrix in enumerate(values):
                 yield where.hf_name.format(e=expert), matrix.contiguous()

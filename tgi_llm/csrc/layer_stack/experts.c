@@ -5,14 +5,15 @@
 #include "experts.h"
 #include "vectors.h"
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 static int64_t expert_inter(const experts_t* ex) { return ex->gate_up[0]->N / 2; }
 
 int64_t experts_scratch_floats(const experts_t* ex, int64_t M, int64_t H) {
-    const int64_t I = expert_inter(ex);
-    return M * (H + 2 * I + I + H); /* gathered rows, gate/up, act, expert output */
+    const int64_t I = expert_inter(ex), E = ex->num_experts, K = ex->top_k;
+    /* routed (token, slot) pairs and top-k experts (int32), router logits, top-k weights; then gathered
+       rows, gate/up, act, expert output */
+    return M + M * K + M * E + M * K + M * (H + 2 * I + I + H);
 }
 
 /* weights/chosen [K]: the top K of probs [E] (ties: the lower expert first), renormalized if asked */
@@ -40,18 +41,11 @@ static void route_row(const float* restrict logits, int64_t E, int64_t K, int no
     }
 }
 
-int experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int64_t H, gate_fn gate,
-                float* scratch, int nthreads) {
+void experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int64_t H, gate_fn gate,
+                 float* scratch, int nthreads) {
     const int64_t E = ex->num_experts, K = ex->top_k, I = expert_inter(ex);
-    float* weights = malloc(M * K * sizeof(float) + M * E * sizeof(float));
-    int32_t* chosen = malloc(M * K * sizeof(int32_t) + M * sizeof(int64_t));
-    if (!weights || !chosen) {
-        free(weights);
-        free(chosen);
-        return -1;
-    }
-    float* logits = weights + M * K;
-    int64_t* rows = (int64_t*)(chosen + M * K);
+    int32_t *rows = (int32_t*)scratch, *chosen = rows + M; /* rows: the (token, slot)s of the expert at hand */
+    float *logits = (float*)(chosen + M * K), *weights = logits + M * E;
     /* the router: [E, H] float32, a dot product per (token, expert) */
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M * E * H >= (1 << 20))
     for (int64_t m = 0; m < M; m++) {
@@ -66,7 +60,7 @@ int experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int6
         }
         route_row(logits + m * E, E, K, ex->normalize, weights + m * K, chosen + m * K);
     }
-    float *xs = scratch, *gu = xs + M * H, *act = gu + M * 2 * I, *ys = act + M * I;
+    float *xs = weights + M * K, *gu = xs + M * H, *act = gu + M * 2 * I, *ys = act + M * I;
     memset(out, 0, M * H * sizeof(float));
     for (int64_t e = 0; e < E; e++) {
         int64_t n = 0;
@@ -74,7 +68,7 @@ int experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int6
             for (int64_t k = 0; k < K; k++)
                 if (chosen[m * K + k] == e) {
                     memcpy(xs + n * H, x + m * H, H * sizeof(float));
-                    rows[n++] = m * K + k;
+                    rows[n++] = (int32_t)(m * K + k);
                 }
         if (!n) continue;
         quant_apply(ex->gate_up[e], xs, H, gu, 2 * I, n, ex->gemm_min[0], nthreads);
@@ -86,7 +80,4 @@ int experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int6
             for (int64_t h = 0; h < H; h++) o[h] += ys[i * H + h] * w;
         }
     }
-    free(weights);
-    free(chosen);
-    return 0;
 }

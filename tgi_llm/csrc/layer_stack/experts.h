@@ -10,9 +10,8 @@ typedef void (*gate_fn)(const float* gu, float* y, int64_t M, int64_t I, int nth
 /* The scratch experts_mlp needs for M rows of H, experts of I_e: in floats */
 int64_t experts_scratch_floats(const experts_t* ex, int64_t M, int64_t H);
 
-/* out [M, H] = the experts' MLP of x [M, H]; scratch of experts_scratch_floats. Returns 0, or -1 without
-   memory for the routing */
-int experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int64_t H, gate_fn gate,
-                float* scratch, int nthreads);
+/* out [M, H] = the experts' MLP of x [M, H]; scratch of experts_scratch_floats */
+void experts_mlp(const experts_t* ex, const float* x, float* out, int64_t M, int64_t H, gate_fn gate,
+                 float* scratch, int nthreads);
 
 #endif

@@ -183,10 +183,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
         quant_apply(ly->o, att, Hq * D, proj, H, M, ly->gemm_min[1], nthreads);
         residual(hidden, proj, ly->attn_out_norm, ly->residual_scale, ly->post_norm, normed, M, H, eps, nthreads);
         if (ly->experts) {
-            if (experts_mlp(ly->experts, normed, proj, M, H, gate, expert_scratch, nthreads)) {
-                free(scratch);
-                return -1;
-            }
+            experts_mlp(ly->experts, normed, proj, M, H, gate, expert_scratch, nthreads);
         } else {
             const int64_t Il = ly->gate_up->N / 2; /* Qwen3-MoE's dense layers have their own size */
             quant_apply(ly->gate_up, normed, H, gu, 2 * Il, M, ly->gemm_min[2], nthreads);
