@@ -22,7 +22,7 @@ from tgi_llm.attention.cpu_kernels import cpu_attention_kernels  # noqa: E402
 from tgi_llm.attention.metadata import AttentionMetadata  # noqa: E402
 from tgi_llm.engine.kv_cache_manager import KVCacheManager  # noqa: E402
 from tgi_llm.engine.limits import LimitOptions, resolve_limits  # noqa: E402
-from tgi_llm.engine.runner_protocol import SeqResult  # noqa: E402
+from tgi_llm.engine.runner_protocol import SampledToken, SeqResult  # noqa: E402
 from tgi_llm.engine.scheduler import Scheduler  # noqa: E402
 from tgi_llm.engine.sequence import Sequence  # noqa: E402
 from tgi_llm.engine.step_plan import StepPlan  # noqa: E402
@@ -219,8 +219,9 @@ class PlanPlayer:
         return self.scheduler.schedule()
 
     def advance(self, plan: StepPlan) -> None:
-        results = [SeqResult(self.next_token(e.request_id)) if e.samples else None for e in plan.seqs]
-        for seq in self.scheduler.update(plan, results):
+        results = [SeqResult([SampledToken(self.next_token(e.request_id))]) if e.samples else None
+                   for e in plan.seqs]
+        for seq, _ in self.scheduler.update(plan, results):
             if seq.finish_reason is not None:
                 self.scheduler.finish(seq)
 

@@ -58,6 +58,9 @@ class FinalEvent:
     prefill: list[PrefillToken] = field(default_factory=list)
     #: Prompt tokens whose K/V came from the prefix cache (not computed for this request).
     cached_tokens: int = 0
+    #: Draft tokens speculation guessed for this request, and how many of them were accepted.
+    draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
     queue_time_s: float = 0.0
     inference_time_s: float = 0.0
 

@@ -52,6 +52,8 @@ class ValidRequest:
     cache_key: bytes = b""
     #: The output must match this grammar (compiled at validation; the runner keeps the matcher state).
     grammar: CompiledGrammar | None = field(default=None, compare=False)
+    #: At most this many guessed tokens per step for this request (None: the server's --speculate).
+    speculate: int | None = None
     #: Free-form tags the caller wants back in events (e.g. Triton's request id).
     tags: dict = field(default_factory=dict, compare=False)
 

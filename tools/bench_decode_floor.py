@@ -48,7 +48,7 @@ def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(batch)]
     pos = context - 1
     rng = random.Random(0)
-    plan = StepPlan([ScheduledSeq(i, pos, [rng.randrange(1000, 20000)], tables[i], samples=True)
+    plan = StepPlan([ScheduledSeq(i, pos, [rng.randrange(1000, 20000)], tables[i], samples=True, is_decode=True)
                      for i in range(batch)])
     greedy = [SamplingParams()] * batch
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import threading
 import time
 
-from tgi_llm.engine.runner_protocol import SeqResult
+from tgi_llm.engine.runner_protocol import SampledToken, SeqResult
 from tgi_llm.engine.step_plan import StepPlan
 
 
 class FakeRunner:
     """Sequence i emits `script[k]` as its k-th token (cycling), unless its prompt starts with a key
     of `per_prompt`, whose list it follows instead. A prompt starting with `poison` fails the forward; one
-    starting with `unfollowable` gets an error result (as a grammar that cannot be followed) at its 3rd token."""
+    starting with `unfollowable` gets an error result (as a grammar that cannot be followed) at its 3rd token.
+    A decode with draft tokens gets its scripted tokens too: the drafts that match them, then one more."""
 
     def __init__(self, script: list[int], per_prompt: dict[int, list[int]] | None = None,
                  poison: int | None = None, step_delay_s: float = 0.0, unfollowable: int | None = None) -> None:
@@ -44,13 +45,17 @@ class FakeRunner:
                 out.append(SeqResult(prompt_logprobs=prompt_lps) if prompt_lps else None)
                 continue
             script = self.per_prompt.get(request.input_ids[0], self.script)
-            index = entry.end - request.input_length
+            index = entry.end - entry.num_drafts - request.input_length
             if request.input_ids[0] == self.unfollowable and index == 2:
-                out.append(SeqResult(token_id=script[0], error="the grammar cannot be followed: limit hit"))
+                out.append(SeqResult([SampledToken(script[0])], error="the grammar cannot be followed: limit hit"))
                 continue
-            token = script[index % len(script)]
-            out.append(SeqResult(token_id=token, logprob=-0.5, top_ids=[token], top_logprobs=[-0.5],
-                                 prompt_logprobs=prompt_lps))
+            tokens = [script[index % len(script)]]
+            for draft in entry.drafts:
+                if draft != tokens[-1]:
+                    break
+                tokens.append(script[(index + len(tokens)) % len(script)])
+            out.append(SeqResult([SampledToken(t, -0.5, [t], [-0.5]) for t in tokens], prompt_logprobs=prompt_lps,
+                                 num_drafts=entry.num_drafts))
         return out
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from tgi_llm.engine.kv_cache_manager import KVCacheManager
 from tgi_llm.engine.limits import LimitOptions, resolve_limits
-from tgi_llm.engine.runner_protocol import SeqResult
+from tgi_llm.engine.runner_protocol import SampledToken, SeqResult
 from tgi_llm.engine.scheduler import Scheduler
 from tgi_llm.engine.sequence import Sequence
 from tgi_llm.engine.step_plan import StepPlan
@@ -44,7 +44,8 @@ def make_scheduler(num_blocks: int | None = None, **kw) -> Scheduler:
 
 def run(s: Scheduler, plan: StepPlan, token: int = 7) -> list[Sequence]:
     """Play the runner: every sampling entry gets `token`."""
-    return s.update(plan, [SeqResult(token, -0.5) if e.samples else None for e in plan.seqs])
+    results = [SeqResult([SampledToken(token, -0.5)]) if e.samples else None for e in plan.seqs]
+    return [seq for seq, _ in s.update(plan, results)]
 
 
 def prefills(plan: StepPlan) -> list[int]:

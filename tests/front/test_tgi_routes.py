@@ -67,7 +67,7 @@ def test_generate_stream_events(client: TestClient, fake: FakeTritonClient) -> N
     assert all(e["generated_text"] is None and e["details"] is None for e in events[:-1])
     assert events[-1]["generated_text"] == " w0 w1 w2"
     assert events[-1]["details"] == {"finish_reason": "length", "generated_tokens": 3, "seed": None, "input_length": 3,
-                                     "cached_tokens": 0}
+                                     "cached_tokens": 0, "accepted_draft_tokens": 0}
     assert fake.specs[-1].stream
 
 

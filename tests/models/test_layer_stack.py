@@ -30,7 +30,8 @@ def _caches(model, num_blocks=96, block_size=4):
 
 def _steps(rng: random.Random, rows: int):
     """Prompts of different lengths, decode steps of 1 and of `rows` sequences, a step that mixes a new
-    prompt with decodes (the torch layers then read K/V the fused stack wrote), and decodes again."""
+    prompt with decodes (the torch layers then read K/V the fused stack wrote), decodes again, and a step
+    where some sequences verify draft tokens (short runs after the decodes: decode rows)."""
     prompts = [(i, [rng.randrange(3, 250) for _ in range(3 + 4 * (i % 8))]) for i in range(rows)]
     yield prompts
     for _ in range(2):
@@ -39,6 +40,8 @@ def _steps(rng: random.Random, rows: int):
     yield [(rows, [rng.randrange(3, 250) for _ in range(6)])] + [(i, [rng.randrange(3, 250)]) for i in range(rows)]
     for _ in range(2):
         yield [(i, [rng.randrange(3, 250)]) for i in range(rows + 1)]
+    yield [(i, [rng.randrange(3, 250) for _ in range(1 if i % 2 else 1 + i % 5)]) for i in range(rows + 1)]
+    yield [(i, [rng.randrange(3, 250)]) for i in range(rows + 1)]
 
 
 @pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4"),
@@ -65,12 +68,12 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
         decode_steps += attn.is_pure_decode
     stack = fused._fused[1]
     assert isinstance(stack, FusedLayerStack) and stack.agrees is True  # it ran (and its first steps were checked)
-    assert stack.checked == {"decode", "mixed"}
+    assert stack.checked == {"decode", "mixed", "verify"}
     assert reference._fused[1] is None
     for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):  # the K/V it wrote, in the same slots
         torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-5)
-    assert decode_steps == 6
+    assert decode_steps == 7
 
 
 def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batcher, monkeypatch, caplog):
@@ -122,7 +125,7 @@ def test_a_step_with_a_decode_after_a_prompt_chunk_keeps_the_torch_layers(tiny_m
     reference, _ = load_model(tiny_model_factory("llama"), quantization=Quantization("int4"))
     kv, reference_kv = _caches(model), _caches(reference)
     batcher = paged_batcher(block_size=4, num_blocks=96)
-    for chunks in ([(0, [5, 6, 7]), (1, [9, 10])], [(0, [8]), (1, [11])]):  # prompts, then a decode step
+    for chunks in ([(0, list(range(5, 15))), (1, list(range(9, 19)))], [(0, [8]), (1, [11])]):  # prompts, decodes
         ids, positions, attn = batcher.step(chunks)
         model(ids, positions, kv, attn)
         reference(ids, positions, reference_kv, attn)
@@ -130,7 +133,7 @@ def test_a_step_with_a_decode_after_a_prompt_chunk_keeps_the_torch_layers(tiny_m
     assert stack.checked == {"decode", "mixed"}
     calls = []
     monkeypatch.setattr(FusedLayerStack, "_run", lambda self, *a: calls.append(1))
-    ids, positions, attn = batcher.step([(2, [3, 4, 5]), (0, [12])])  # the decode comes second
+    ids, positions, attn = batcher.step([(2, list(range(3, 15))), (0, [12])])  # the decode comes second
     got = model(ids, positions, kv, attn)
     use_settings(fused_decode=False)
     want = reference(ids, positions, reference_kv, attn)

@@ -137,6 +137,22 @@ def test_two_shards_give_the_greedy_tokens_of_one(tiny_llama_dir):
     assert shard_pids() == []
 
 
+def test_two_shards_verify_draft_tokens_and_give_the_tokens_of_one(tiny_llama_dir):
+    """The plan codec carries each decode's draft tokens and moved starts: both ranks run the same rows."""
+    prompts = [list(range(20, 40)) * 3, "Hello, my name is"]
+    params = {"max_new_tokens": 40, "ignore_eos": True}
+    kwargs = {"kv_cache_memory_gb": 0.05, "max_total_tokens": 256}
+    with LLM(str(tiny_llama_dir), **kwargs) as one:
+        want = run_requests(one, prompts, params)
+    with LLM(str(tiny_llama_dir), num_shard=2, speculate=4, **kwargs) as two:
+        two.engine.scheduler.speculation.break_even = lambda batch: 0.0  # guess whatever steps cost
+        got = run_requests(two, prompts, params)
+        assert two.engine.scheduler.num_draft_tokens > 0  # rejected ones too move starts back
+        assert two.engine.stats().kv_blocks_free == two.engine.stats().kv_blocks_total
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert shard_pids() == []
+
+
 def test_killing_a_shard_mid_generation_fails_every_request_and_leaves_no_process(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), num_shard=2, kv_cache_memory_gb=0.05, max_total_tokens=512)
     try:

@@ -56,11 +56,11 @@ def test_the_forced_end_after_a_complete_match_is_reported_done(tokenizer):
     matcher = GrammarCompiler(tokenizer, vocab, {eos}).compile(GrammarSpec("regex", "no")).matcher()
     masker = GrammarMasker(vocab, frozenset({eos}))
     (no,) = tokenizer("no", add_special_tokens=False)["input_ids"]
-    assert masker.advance([matcher], [no]) == [False]  # complete, but the end is its own token
+    assert masker.advance([matcher], [[no]]) == [False]  # complete, but the end is its own token
     logits = torch.zeros(1, vocab)
     masker.mask(logits, [0], [matcher])
     assert torch.isfinite(logits[0]).nonzero().flatten().tolist() == [eos]
-    assert masker.advance([matcher], [eos]) == [True]
+    assert masker.advance([matcher], [[eos]]) == [True]
 
 
 def test_a_matcher_that_fails_reports_why_in_one_bounded_line(tokenizer, caplog):
@@ -75,7 +75,7 @@ def test_a_matcher_that_fails_reports_why_in_one_bounded_line(tokenizer, caplog)
     masker = GrammarMasker(vocab, frozenset({eos}))
     logits = torch.zeros(1, vocab)
     masker.mask(logits, [0], [matcher])
-    (outcome,) = masker.advance([matcher], [int(torch.argmax(logits[0]))])
+    (outcome,) = masker.advance([matcher], [[int(torch.argmax(logits[0]))]])
     assert isinstance(outcome, str) and outcome.startswith("the grammar cannot be followed: ")
     assert len(outcome) < 300 and "\n" not in outcome
     assert all(len(r.getMessage()) < 400 for r in caplog.records)

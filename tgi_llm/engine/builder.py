@@ -22,6 +22,8 @@ DEFAULT_CPU_KV_TOKENS = 16384
 #: On CUDA, the share of free memory (after the weights) given to the KV cache, as TGI's
 #: `--cuda-memory-fraction` leaves room for activations.
 CUDA_KV_CACHE_FRACTION = 0.8
+#: --speculate when a draft model is given without it.
+DRAFT_MODEL_SPECULATE = 4
 
 
 def resolve_device_and_dtype(opts: EngineOptions) -> tuple[torch.device, torch.dtype]:
@@ -97,7 +99,10 @@ def _build_engine(opts: EngineOptions) -> Engine:
     kv_tokens = kv_cache_budget_bytes(opts, device, per_token) // per_token
     from dataclasses import replace
 
-    limits = resolve_limits(replace(opts.limits, block_size=block_size), config.max_position_embeddings,
+    limit_opts = replace(opts.limits, block_size=block_size)
+    if opts.speculative_model and not limit_opts.speculate:
+        limit_opts = replace(limit_opts, speculate=DRAFT_MODEL_SPECULATE)
+    limits = resolve_limits(limit_opts, config.max_position_embeddings,
                             kv_tokens, default_step_tokens(device.type), default_step_target_ms(device.type))
     kv_caches = allocate_kv_cache(shards.cache_config(config) if shards else config, limits.num_blocks, block_size,
                                   dtype, device)
@@ -116,8 +121,11 @@ def _build_engine(opts: EngineOptions) -> Engine:
         from tgi_llm.parallel import ShardedModelRunner
 
         runner = ShardedModelRunner(shards, model, kv_caches, block_size, config.vocab_size, device, frozenset(eos))
+    proposer = None
+    if opts.speculative_model:
+        proposer = _draft_model_proposer(opts.speculative_model, tokenizer, config.vocab_size, limits, dtype, device)
     engine = Engine(tokenizer, limits, runner, eos,
-                    model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size)
+                    model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size, proposer=proposer)
     engine.scheduler.pacer.context_weight = attention_cost_per_context_token(config)
     from tgi_llm.memory import account, libc_trim
 
@@ -131,6 +139,37 @@ def _build_engine(opts: EngineOptions) -> Engine:
     if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too
         shards.on_failure(lambda _reason: setattr(engine, "healthy", False))
     return engine
+
+
+def _draft_model_proposer(model_id: str, tokenizer, vocab_size: int, limits, dtype: torch.dtype,
+                          device: torch.device):
+    """The draft model for --speculative-model, with a KV pool laid out like the target's."""
+    from transformers import AutoTokenizer
+
+    from tgi_llm.errors import ArgumentValidationError
+    from tgi_llm.kv_cache import allocate_kv_cache
+    from tgi_llm.models.config import kv_cache_bytes_per_token
+    from tgi_llm.models.loader import load_model
+    from tgi_llm.runner.model_runner import ModelRunner
+    from tgi_llm.speculation.draft_model import DraftModelProposer
+    from tgi_llm.weights import resolve_model_dir
+
+    draft_dir = resolve_model_dir(model_id)
+    try:
+        vocab = AutoTokenizer.from_pretrained(draft_dir).get_vocab()
+    except (OSError, ValueError) as exc:
+        raise ArgumentValidationError(f"`speculative_model` {model_id} has no tokenizer: {exc}") from None
+    if vocab != tokenizer.get_vocab():
+        raise ArgumentValidationError(
+            f"`speculative_model` {model_id} has another tokenizer than the model: its guesses would be other tokens")
+    draft, draft_config = load_model(draft_dir, dtype=dtype, device=device)
+    kv = allocate_kv_cache(draft_config, limits.num_blocks, limits.block_size, draft.dtype, device)
+    runner = ModelRunner(draft, kv, limits.block_size, draft_config.vocab_size, device)
+    runner.warm_up()
+    per_token = kv_cache_bytes_per_token(draft_config, draft.dtype)
+    logger.info("speculative model %s: guesses up to %d tokens per step; its KV pool %.2f GiB", model_id,
+                limits.speculate, limits.num_blocks * limits.block_size * per_token / 2**30)
+    return DraftModelProposer(runner, vocab_size)
 
 
 def _default_model_id() -> str:

@@ -39,6 +39,7 @@ from tgi_llm.errors import (
 )
 from tgi_llm.events import ErrorEvent, Event
 from tgi_llm.request import ValidRequest
+from tgi_llm.speculation.proposer import Proposer
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +57,7 @@ class Engine:
     """Wires validator, scheduler, runner and postprocessor; use `tgi_llm.engine.build_engine`."""
 
     def __init__(self, tokenizer: Any, limits: Limits, runner: Runner, eos_token_ids: set[int],
-                 model_id: str = "", vocab_size: int | None = None) -> None:
+                 model_id: str = "", vocab_size: int | None = None, proposer: Proposer | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.model_id = model_id
@@ -65,7 +66,7 @@ class Engine:
         self.grammars = GrammarCompiler(tokenizer, vocab_size or len(tokenizer), eos_token_ids)
         self.validator = Validator(tokenizer, limits, self.grammars)
         self.kv = KVCacheManager(limits.num_blocks, limits.block_size, limits.prefix_caching)
-        self.scheduler = Scheduler(limits, self.kv)
+        self.scheduler = Scheduler(limits, self.kv, proposer)
         self.postprocessor = Postprocessor(tokenizer)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -120,6 +121,9 @@ class Engine:
             grammar_compiled=self.grammars.stats.compiled,
             grammar_cache_hits=self.grammars.stats.cache_hits,
             grammar_compile_s=self.grammars.stats.compile_s,
+            spec_drafts=self.scheduler.num_drafts,
+            spec_draft_tokens=self.scheduler.num_draft_tokens,
+            spec_accepted_tokens=self.scheduler.num_accepted_tokens,
         )
 
     def drain_step_stats(self) -> list[StepStats]:
@@ -191,8 +195,9 @@ class Engine:
             self._update_batch_gauges()
             return
         t2 = time.perf_counter()
-        for seq in self.scheduler.update(plan, results):
-            self._emit(seq, self.postprocessor.token_event(seq))
+        for seq, added in self.scheduler.update(plan, results):
+            for i in range(seq.num_generated - added, seq.num_generated):  # every accepted token is an event
+                self._emit(seq, self.postprocessor.token_event(seq, i))
             if seq.finish_reason is not None:
                 self._end(seq, self.postprocessor.final_event(seq))
         for entry, result in zip(plan.seqs, results, strict=True):
@@ -201,8 +206,11 @@ class Engine:
                 self._end(seq, ErrorEvent(seq.request_id, ValidationError(result.error)))
         t3 = time.perf_counter()
         decodes = sum(1 for s in plan.seqs if s.is_decode)
+        decode_rows = sum(s.num_tokens for s in plan.seqs if s.is_decode)  # with their drafts
         chunks = [(s.start, s.num_tokens) for s in plan.seqs if not s.is_decode]
-        self.scheduler.pacer.observe(plan.num_tokens, decodes, t3 - t0, chunks)
+        self.scheduler.pacer.observe(plan.num_tokens, decode_rows, t3 - t0, chunks)
+        if not chunks:
+            self.scheduler.speculation.observe(decode_rows, t3 - t0)
         # tools/pacer_replay.py reads these lines (LOG_LEVEL=debug) to judge the pacer on served steps.
         logger.debug("step: %d tokens, %d decodes, %.4f s, chunks %s", plan.num_tokens, decodes, t3 - t0, chunks)
         self._update_batch_gauges()

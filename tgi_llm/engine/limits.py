@@ -17,6 +17,8 @@ CPU_STEP_TOKENS = 512
 #: 300 ms bounds a stream's wait while a prompt prefills; 400 ms made a prompt-carrying step several
 #: times the median token wait at 32 streams (docs/PERFORMANCE.md, "What limits each number now").
 CPU_STEP_TARGET_MS = 300
+#: More guessed tokens per step than this only add rows: a guess's chance of surviving falls with each.
+MAX_SPECULATE = 16
 
 
 def default_step_tokens(device_type: str) -> int | None:
@@ -51,6 +53,8 @@ class LimitOptions:
     #: With chunking, while streams decode, a step takes only the prompt tokens that fit this time
     #: (pacing.py); None: the device's default (CPU 300 ms), 0: never paced.
     prefill_step_target_ms: int | None = None
+    #: Tokens each decode may guess and verify in one step (TGI's --speculate; env SPECULATE); 0: off.
+    speculate: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ class Limits:
     prefix_caching: bool = True
     prefill_chunking: bool = True
     prefill_step_target_ms: int | None = None  # None: no pacing
+    speculate: int = 0
 
     @property
     def num_blocks(self) -> int:
@@ -100,6 +105,8 @@ def check_static_limits(opts: LimitOptions) -> None:
             _fail(f"`{name}` must be > 0. Given: {getattr(opts, name)}")
     if opts.prefill_step_target_ms is not None and opts.prefill_step_target_ms < 0:
         _fail(f"`prefill_step_target_ms` must be >= 0. Given: {opts.prefill_step_target_ms}")
+    if not 0 <= opts.speculate <= MAX_SPECULATE:
+        _fail(f"`speculate` must be >= 0 and <= {MAX_SPECULATE}. Given: {opts.speculate}")
     for name in ("max_best_of", "max_stop_sequences", "max_top_n_tokens"):
         if getattr(opts, name) < 0:
             _fail(f"`{name}` must be >= 0. Given: {getattr(opts, name)}")

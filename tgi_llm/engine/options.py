@@ -19,6 +19,8 @@ class EngineOptions:
     num_shard: int = 1
     quantize: str | None = None  # --quantize (tgi_llm/quant/modes.py); None: by the weights
     quantize_group_size: int | None = None
+    #: A smaller model with the same tokenizer that guesses tokens for --speculate (None: prompt lookup).
+    speculative_model: str | None = None
     limits: LimitOptions = field(default_factory=LimitOptions)
 
     def __post_init__(self) -> None:

@@ -16,13 +16,13 @@ class Postprocessor:
         self.tokenizer = tokenizer
         self.special_ids = set(getattr(tokenizer, "all_special_ids", []))
 
-    def token_event(self, seq: Sequence) -> TokenEvent:
-        """The token the last step appended to `seq`."""
-        i = seq.num_generated - 1
-        token_id = seq.token_ids[-1]
+    def token_event(self, seq: Sequence, i: int) -> TokenEvent:
+        """The event of `seq`'s i-th generated token (a step may add several: accepted draft tokens)."""
+        token_id = seq.token_ids[seq.input_length + i]
         token = Token(token_id, seq.deltas[i], seq.logprobs[i], token_id in self.special_ids)
         top = self._top(seq.top[i]) if seq.top else []
-        return TokenEvent(seq.request_id, i, token, top, last=seq.finish_reason is not None)
+        last = seq.finish_reason is not None and i == seq.num_generated - 1
+        return TokenEvent(seq.request_id, i, token, top, last=last)
 
     def final_event(self, seq: Sequence) -> FinalEvent:
         req = seq.request
@@ -49,6 +49,8 @@ class Postprocessor:
             top_tokens=[self._top(top) for top in seq.top],
             prefill=self._prefill_tokens(seq) if req.decoder_input_details else [],
             cached_tokens=seq.num_cached,
+            draft_tokens=seq.drafted_tokens,
+            accepted_draft_tokens=seq.accepted_tokens,
             queue_time_s=admitted - seq.queued_at,
             inference_time_s=now - admitted,
         )

@@ -196,8 +196,10 @@ class Sampler:
         generators: Sequence[torch.Generator | None],
         seen_token_counts: Sequence[torch.Tensor | None] | None = None,
         top_n: int = 0,
+        noise: Sequence[torch.Tensor | None] | None = None,
     ) -> SamplerOutput:
-        """`logits` [B, V]; `generators[i]` drives row i when it samples (None: torch's global RNG);
+        """`logits` [B, V]; `generators[i]` drives row i when it samples (None: torch's global RNG), unless
+        `noise[i]` gives that row's draw (`draw_noise` of the request's generator) instead;
         `seen_token_counts[i]` is row i's count row (PenaltyState.counts), needed only for penalised rows;
         `top_n` is the largest top_n_tokens in the batch."""
         if logits.dim() != 2 or logits.shape[0] != len(params) or len(generators) != len(params):
@@ -209,7 +211,8 @@ class Sampler:
         sample_rows = [i for i, p in enumerate(params) if samples(p)]
         if sample_rows:
             idx = _rows(sample_rows, scores.device)
-            next_ids[idx] = _draw(scores.index_select(0, idx), [generators[i] for i in sample_rows])
+            next_ids[idx] = _draw(scores.index_select(0, idx), [generators[i] for i in sample_rows],
+                                  [noise[i] for i in sample_rows] if noise is not None else None)
         logprobs = torch.log_softmax(scores, dim=-1)
         chosen = logprobs.gather(1, next_ids[:, None]).squeeze(1)
         out = SamplerOutput(next_token_ids=next_ids, logprobs=chosen)
@@ -219,16 +222,24 @@ class Sampler:
         return out
 
 
-def _draw(scores: torch.Tensor, generators: list[torch.Generator | None]) -> torch.Tensor:
+def draw_noise(vocab_size: int, generator: torch.Generator | None, device: torch.device | str = "cpu"
+               ) -> torch.Tensor:
+    """One row of sampling noise: `vocab_size` Exp(1) draws from the generator, as `_draw` takes them."""
+    noise = torch.empty(vocab_size, dtype=torch.float32, device=device).exponential_(1.0, generator=generator)
+    # Exp(1) can return exactly 0, which would turn a filtered token's 0/0 into NaN.
+    return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+
+def _draw(scores: torch.Tensor, generators: list[torch.Generator | None],
+          noise_rows: list[torch.Tensor | None] | None = None) -> torch.Tensor:
     """Sample one token per row: argmax(p / q) with q ~ Exp(1) is a draw from p (as TGI, no host sync).
 
-    Each row's noise comes only from its own generator, so a seed gives the same tokens
-    whatever else is in the batch.
+    Each row's noise comes only from its own generator (or is given, drawn from it earlier), so a seed
+    gives the same tokens whatever else is in the batch.
     """
     probs = torch.softmax(scores, dim=-1)
     noise = torch.empty_like(probs)
     for row, g in enumerate(generators):
-        noise[row].exponential_(1.0, generator=g)
-    # Exp(1) can return exactly 0, which would turn a filtered token's 0/0 into NaN.
-    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+        given = noise_rows[row] if noise_rows is not None else None
+        noise[row] = given if given is not None else draw_noise(probs.shape[-1], g, probs.device)
     return (probs / noise).argmax(dim=-1)

@@ -12,6 +12,11 @@ blocks already in the prefix cache reused (kv_cache_manager.py). Two admission p
 - whole prompts (PREFILL_CHUNKING=0): TGI v3's `next_batch`. A prompt is prefilled in one step; while a
   batch runs, new requests join only when enough are waiting (`waiting_served_ratio`) or the queue has
   waited `max_waiting_tokens` steps, within the prefill and total token budgets.
+
+With `--speculate N` each decode may feed up to N guessed tokens after its last one (speculation/): as
+many as its remaining max_new_tokens allow, so they fit the blocks it was given at admission, and only
+while its acceptance rate pays for the rows at this batch size. Decodes without guesses come first, then
+those with guesses, then prompt chunks (the order step_plan.py states).
 """
 
 from __future__ import annotations
@@ -28,12 +33,14 @@ from tgi_llm.engine.pacing import StepPacer
 from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sequence import Sequence, SequenceStatus
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
+from tgi_llm.speculation import DraftLength, SpeculationPolicy
+from tgi_llm.speculation.proposer import DraftRequest, NgramProposer, Proposer
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, limits: Limits, kv: KVCacheManager) -> None:
+    def __init__(self, limits: Limits, kv: KVCacheManager, proposer: Proposer | None = None) -> None:
         self.limits = limits
         self.kv = kv
         self.waiting: deque[Sequence] = deque()
@@ -43,6 +50,11 @@ class Scheduler:
         self._released: list[int] = []
         target_ms = limits.prefill_step_target_ms
         self.pacer = StepPacer(target_ms / 1000 if target_ms else None, min_tokens=limits.block_size)
+        self.speculation = SpeculationPolicy(limits.speculate)
+        #: Where guesses come from (with --speculate): prompt lookup unless a draft model is given.
+        self.proposer: Proposer = proposer or NgramProposer()
+        #: Draft tokens verified and accepted since start (vLLM's spec_decode counters), and verify steps.
+        self.num_drafts = self.num_draft_tokens = self.num_accepted_tokens = 0
 
     @property
     def batch_max_tokens(self) -> int:
@@ -67,9 +79,10 @@ class Scheduler:
         lim = self.limits
         decodes = [s for s in self.running.values() if s.num_computed >= s.input_length]
         prefills = [s for s in self.running.values() if s.num_computed < s.input_length]
-        entries = [self._entry(s, 1) for s in decodes]
+        entries = self._decode_entries(decodes)
         # Prompts always move by at least a block, however many streams decode.
-        budget = self.pacer.step_budget(lim.max_batch_prefill_tokens - len(entries), bool(decodes),
+        budget = self.pacer.step_budget(lim.max_batch_prefill_tokens - sum(e.num_tokens for e in entries),
+                                        bool(decodes),
                                         floor=min(self.pacer.min_tokens, lim.max_batch_prefill_tokens))
         for seq in prefills:
             if budget.exhausted:
@@ -117,7 +130,7 @@ class Scheduler:
             self.waiting_steps = 0
         if decodes or admitted:
             self.waiting_steps += 1
-        return [self._entry(s, 1) for s in decodes] + [self._entry(s, s.num_pending) for s in admitted]
+        return self._decode_entries(decodes) + [self._entry(s, s.num_pending) for s in admitted]
 
     def _next_batch(self, min_size: int | None, max_size: int | None, prefill_token_budget: int,
                     token_budget: int) -> list[Sequence]:
@@ -194,11 +207,46 @@ class Scheduler:
             request=seq.request,
         )
 
+    def _decode_entries(self, decodes: list[Sequence]) -> list[ScheduledSeq]:
+        """One entry per decode: its last token and its guesses, those without guesses first."""
+        plain, verifying = [], []
+        break_even = self.speculation.break_even(len(decodes)) if self.speculation.enabled else 1.0
+        lengths = [self._draft_length(seq, break_even) for seq in decodes]
+        asks = [DraftRequest(seq.request_id, seq.token_ids, self.kv.block_ids(seq), n)
+                for seq, n in zip(decodes, lengths, strict=True) if n]
+        proposals = iter(self.proposer.propose(asks) if asks else [])
+        for seq, n in zip(decodes, lengths, strict=True):
+            drafts = next(proposals) if n else []
+            start = seq.num_computed
+            entry = ScheduledSeq(
+                request_id=seq.request_id, start=start, token_ids=[*seq.token_ids[start:], *drafts],
+                block_ids=self.kv.block_ids(seq), samples=True, request=seq.request, is_decode=True,
+                num_drafts=len(drafts),
+            )
+            (verifying if drafts else plain).append(entry)
+        return plain + verifying
+
+    def _draft_length(self, seq: Sequence, break_even: float) -> int:
+        """How many tokens `seq` guesses this step: none when they cannot pay for their rows."""
+        if not self.speculation.enabled:
+            return 0
+        speculate = seq.request.speculate
+        limit = self.speculation.limit if speculate is None else min(speculate, self.speculation.limit)
+        if limit <= 0:
+            return 0
+        if seq.draft_length is None:
+            seq.draft_length = DraftLength(limit)
+        room = seq.request.stopping.max_new_tokens - seq.num_generated - 1  # the blocks admission gave it
+        n = min(seq.draft_length.current, limit, room)
+        if n <= 0 or seq.draft_length.acceptance <= break_even:
+            return 0
+        return n
+
     # ---- after the forward ----
-    def update(self, plan: StepPlan, results: Seq[SeqResult | None]) -> list[Sequence]:
-        """Advance every sequence of the step: computed tokens, prompt logprobs, the sampled token (its
-        detokenizing and stop check), newly full blocks into the prefix cache. Returns the sequences that
-        sampled a token this step, in plan order."""
+    def update(self, plan: StepPlan, results: Seq[SeqResult | None]) -> list[tuple[Sequence, int]]:
+        """Advance every sequence of the step: computed tokens, prompt logprobs, the chosen tokens (their
+        detokenizing and stop checks, up to the one that ends the sequence), newly full blocks into the
+        prefix cache. Returns the sequences that got tokens this step with how many, in plan order."""
         sampled = []
         for entry, result in zip(plan.seqs, results, strict=True):
             if result is not None and result.error is not None:
@@ -209,17 +257,44 @@ class Scheduler:
                 seq.prompt_logprobs.extend(result.prompt_logprobs)
                 seq.prompt_top.extend(result.prompt_top or [])
             if entry.samples:
-                assert result is not None, f"request {entry.request_id} sampled nothing"
-                seq.append_token(result.token_id, result.logprob, result.top_ids, result.top_logprobs,
-                                 result.grammar_done)
-                sampled.append(seq)
+                assert result is not None and result.tokens, f"request {entry.request_id} sampled nothing"
+                accepted = result.num_accepted
+                last = len(result.tokens) - 1
+                added = 0
+                for i, token in enumerate(result.tokens):
+                    seq.append_token(token.token_id, token.logprob, token.top_ids, token.top_logprobs,
+                                     result.grammar_done and i == last)
+                    added += 1
+                    if seq.finish_reason is not None:
+                        break
+                # Rejected guesses' K/V are not the sequence's: the next step overwrites them. (A stop inside
+                # an accepted run leaves fewer tokens than computed rows.)
+                seq.num_computed = min(entry.end - entry.num_drafts + accepted, len(seq.token_ids))
+                if entry.num_drafts:
+                    self.proposer.rewind(seq.request_id, seq.num_computed)
+                    self._count_drafts(seq, entry.num_drafts, accepted, kept=min(accepted, added))
+                elif seq.draft_length is not None:
+                    seq.draft_length.skipped()
+                sampled.append((seq, added))
             self.kv.cache_computed(seq)
         return sampled
+
+    def _count_drafts(self, seq: Sequence, drafted: int, accepted: int, kept: int) -> None:
+        """Verification counts for the metrics; the request's own count is of the accepted tokens it kept
+        (a stop inside an accepted run drops the rest)."""
+        assert seq.draft_length is not None
+        seq.draft_length.observe(drafted, accepted)
+        seq.drafted_tokens += drafted
+        seq.accepted_tokens += kept
+        self.num_drafts += 1
+        self.num_draft_tokens += drafted
+        self.num_accepted_tokens += accepted
 
     def finish(self, seq: Sequence) -> None:
         """Take a sequence out of the batch or the queue and give its blocks back (its cached blocks stay
         reusable)."""
         seq.status = SequenceStatus.FINISHED
+        self.proposer.release(seq.request_id)
         if self.running.pop(seq.request_id, None) is not None:
             self._released.append(seq.request_id)
         else:

@@ -16,6 +16,7 @@ from tgi_llm.engine.detokenizer import IncrementalDetokenizer
 from tgi_llm.engine.stopping import StopChecker
 from tgi_llm.events import Event, FinishReason
 from tgi_llm.request import ValidRequest
+from tgi_llm.speculation import DraftLength
 
 
 class SequenceStatus(Enum):
@@ -48,6 +49,11 @@ class Sequence:
     finish_reason: FinishReason | None = None
     queued_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
+    #: With speculation: how many tokens the sequence guesses next, and how often it guessed right.
+    draft_length: DraftLength | None = None
+    #: Draft tokens verified for this sequence, and how many of them were accepted (TGI's skipped tokens).
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -20,6 +20,9 @@ class EngineStats:
     grammar_compiled: int = 0  # grammars compiled (a counter; the others came from the cache)
     grammar_cache_hits: int = 0
     grammar_compile_s: float = 0.0  # seconds spent compiling grammars (a counter)
+    spec_drafts: int = 0  # decodes that fed draft tokens (a counter)
+    spec_draft_tokens: int = 0  # draft tokens verified (a counter)
+    spec_accepted_tokens: int = 0  # of those, accepted (a counter)
 
     @property
     def kv_blocks_used(self) -> int:

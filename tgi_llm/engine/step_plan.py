@@ -3,8 +3,14 @@
 For every sequence in the step: which tokens it feeds (`num_tokens` of them, from position `start`),
 its KV blocks, whether this step samples its next token, and whether the logits of its prompt rows are
 wanted. A prompt may take several steps (chunked prefill); only the step that computes its last token
-samples. The runner, the sharded plan codec and the tests consume exactly this; nobody re-derives
-"is this a prefill?" from a sequence's state.
+samples. A decode feeds the last sampled token, followed by the draft tokens speculation guessed
+(`num_drafts`, speculation/): the runner samples at each of those 1 + num_drafts rows and keeps the
+drafts that match what it sampled, plus one token.
+
+The plan's order is part of the contract: decodes without drafts first, then decodes with drafts, then
+prompt chunks (the fused layer stack runs the leading one-row sequences as decodes and the rest as
+chunks). The runner, the sharded plan codec and the tests consume exactly this; nobody re-derives "is
+this a prefill?" from a sequence's state, and every shard rank reads the same fields.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ class ScheduledSeq:
     samples: bool  # this step computes the last known token, so it samples the next one
     #: Logits of this chunk's prompt rows are wanted (decoder_input_details): every row but the sampled one.
     prompt_logprobs: bool = False
+    #: The tokens fed follow a sampled one (a decode, with its drafts), rather than being prompt.
+    is_decode: bool = False
+    #: The last `num_drafts` tokens fed are guesses: the step samples at each of the 1 + num_drafts rows.
+    num_drafts: int = 0
     #: Rank 0 only (None on shard ranks, which run the forward and nothing else): sampling parameters.
     request: ValidRequest | None = field(default=None, compare=False)
 
@@ -36,9 +46,13 @@ class ScheduledSeq:
         return self.start + len(self.token_ids)
 
     @property
-    def is_decode(self) -> bool:
-        """One token that follows a sampled one (as opposed to a chunk of the prompt)."""
-        return self.request is not None and self.start >= self.request.input_length
+    def num_sampled_rows(self) -> int:
+        """Rows whose logits choose a token: the last 1 + num_drafts when the step samples, else none."""
+        return 1 + self.num_drafts if self.samples else 0
+
+    @property
+    def drafts(self) -> list[int]:
+        return self.token_ids[len(self.token_ids) - self.num_drafts:]
 
 
 @dataclass

@@ -119,6 +119,11 @@ class Validator:
             raise ValidationError(
                 f"`top_n_tokens` must be >= 0 and <= {lim.max_top_n_tokens}. Given: {top_n_tokens}"
             )
+        speculate = _integer(params, "speculate")
+        if speculate is not None and not 0 <= speculate <= lim.speculate:
+            raise ValidationError(
+                f"`speculate` must be >= 0 and <= {lim.speculate} (the server's --speculate). Given: {speculate}"
+            )
         decoder_input_details = _flag(params, "decoder_input_details")
         if decoder_input_details and (stream or _flag(params, "stream")):
             raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens")
@@ -172,6 +177,7 @@ class Validator:
             return_full_text=_flag(params, "return_full_text"),
             input_text=input_text,
             grammar=grammar,
+            speculate=speculate,
         )
 
     def _bounded(self, inputs: str | Sequence[int], truncate: int | None) -> str | Sequence[int]:

@@ -19,6 +19,7 @@ class Generation:
     input_tokens: int = 0
     generated_tokens: int = 0
     cached_tokens: int = 0
+    accepted_draft_tokens: int = 0
     seed: int | None = None
     done: bool = False
 
@@ -34,6 +35,7 @@ class Generation:
                 chunk.generated_tokens if chunk.generated_tokens is not None else len(self.tokens)
             )
             self.cached_tokens = chunk.cached_tokens or 0
+            self.accepted_draft_tokens = chunk.accepted_draft_tokens or 0
             self.seed = chunk.seed
             self.prefill = list(chunk.prefill) or self.prefill
 

@@ -38,6 +38,7 @@ class Chunk:
     input_tokens: int | None = None
     generated_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache
+    accepted_draft_tokens: int | None = None  # generated tokens speculation guessed right
     seed: int | None = None
     prefill: list[TokenInfo] = field(default_factory=list)
 

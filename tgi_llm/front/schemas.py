@@ -34,6 +34,8 @@ class GenerateParameters(BaseModel):
     typical_p: float | None = None
     watermark: bool = False
     adapter_id: str | None = None
+    #: At most this many guessed tokens per step for this request (0..the server's --speculate).
+    speculate: int | None = None
 
     def to_engine(self) -> dict[str, Any]:
         """The set parameters by TGI name, for the engine (which validates them with TGI's messages)."""
@@ -86,6 +88,8 @@ class Details(BaseModel):
     seed: int | None
     #: Prompt tokens served from the prefix cache (not in TGI's schema; clients ignore unknown keys).
     cached_tokens: int = 0
+    #: Generated tokens speculation guessed and the model confirmed (--speculate; not in TGI's schema).
+    accepted_draft_tokens: int = 0
     prefill: list[PrefillToken] = Field(default_factory=list)
     tokens: list[Token] = Field(default_factory=list)
     top_tokens: list[list[Token]] | None = None  # TGI leaves it out when empty
@@ -114,6 +118,7 @@ class StreamDetails(BaseModel):
     seed: int | None
     input_length: int
     cached_tokens: int = 0
+    accepted_draft_tokens: int = 0
 
 
 class StreamResponse(BaseModel):

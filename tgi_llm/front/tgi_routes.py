@@ -83,6 +83,7 @@ def generate_response(req: GenerateRequest, gen: Generation, others: list[Genera
             generated_tokens=gen.generated_tokens,
             seed=gen.seed,
             cached_tokens=gen.cached_tokens,
+            accepted_draft_tokens=gen.accepted_draft_tokens,
             prefill=_prefill(gen) if p.decoder_input_details else [],
             tokens=[_token(t) for t in gen.tokens],
             top_tokens=[[_token(t) for t in top] for top in gen.top_tokens] if p.top_n_tokens else None,

@@ -57,6 +57,7 @@ class _Events:
                 seed=final.seed,
                 input_length=final.input_tokens or 0,
                 cached_tokens=final.cached_tokens or 0,
+                accepted_draft_tokens=final.accepted_draft_tokens or 0,
             )
         return response
 

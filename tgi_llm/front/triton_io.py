@@ -17,6 +17,7 @@ from tgi_llm.front.errors import FrontError
 from tgi_llm.front.protocol import Chunk, GenerateSpec, TokenInfo
 from tgi_llm.triton.outputs import (  # the names the model's responses use
     FINISH_REASON,
+    NUM_ACCEPTED,
     NUM_CACHED,
     NUM_INPUT,
     NUM_OUTPUT,
@@ -174,6 +175,7 @@ def decode_response(result: InferResult, final: bool) -> Chunk:
     n_in = _scalar(result, NUM_INPUT)
     n_out = _scalar(result, NUM_OUTPUT)
     n_cached = _scalar(result, NUM_CACHED)
+    n_accepted = _scalar(result, NUM_ACCEPTED)
     seed = _scalar(result, SEED)
     return Chunk(
         text=_text(text) if text is not None else "",
@@ -184,6 +186,7 @@ def decode_response(result: InferResult, final: bool) -> Chunk:
         input_tokens=int(n_in) if n_in is not None else None,
         generated_tokens=int(n_out) if n_out is not None else None,
         cached_tokens=int(n_cached) if n_cached is not None else None,
+        accepted_draft_tokens=int(n_accepted) if n_accepted is not None else None,
         seed=int(seed) if seed is not None and final else None,
         prefill=_prefill(result) if final else [],
     )
@@ -214,6 +217,8 @@ def merge_final(first: Chunk, second: Chunk) -> Chunk:
         input_tokens=second.input_tokens if second.input_tokens is not None else first.input_tokens,
         generated_tokens=second.generated_tokens if second.generated_tokens is not None else first.generated_tokens,
         cached_tokens=second.cached_tokens if second.cached_tokens is not None else first.cached_tokens,
+        accepted_draft_tokens=second.accepted_draft_tokens if second.accepted_draft_tokens is not None
+        else first.accepted_draft_tokens,
         seed=second.seed if second.seed is not None else first.seed,
         prefill=second.prefill or first.prefill,
     )

@@ -81,6 +81,12 @@ FLAGS: list[Flag] = [
     Flag("prefill_chunking", switch=True, default=True, negatable=True,
          help="Split long prompts across steps within --max-batch-prefill-tokens, so running streams never "
               "stall for a whole prompt (TGI v3); --no-prefill-chunking prefills each prompt in one step"),
+    Flag("speculate", int, 0,
+         help="Speculative decoding: each stream guesses up to N next tokens by prompt lookup (where its last "
+              "tokens occurred before) and one step verifies them; output is unchanged. 0 turns it off"),
+    Flag("speculative_model",
+         help="A smaller model with the same tokenizer (directory, hub id in the cache, or GGUF file) whose greedy "
+              "guesses --speculate verifies, instead of prompt lookup (--speculate defaults to 4 with it)"),
     Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: 2 GiB on CPU, 80%% of free memory on CUDA)"),
     Flag("huggingface_hub_cache", help="Where hub downloads go"),
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
@@ -254,8 +260,17 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "num_shard": args.num_shard,
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
+        "speculative_model": _absolute_if_local(args.speculative_model),
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
         "json_output": "true" if args.json_output else "false",
         "validation_workers": args.validation_workers,
     }
     return {k: "" if v is None else str(v) for k, v in values.items()}
+
+
+def _absolute_if_local(path: str | None) -> str | None:
+    """A local path as the model process will see it (tritonserver runs in another directory)."""
+    from pathlib import Path
+
+    return str(Path(path).resolve()) if path and Path(path).exists() else path
+

@@ -39,6 +39,11 @@ from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
 
+#: Sequences of up to this many tokens at the front of a step run their rows through the decode kernel, one
+#: position each, rather than through the prefill kernel, which pads a few query rows to whole vectors and
+#: spreads one sequence over only as many work items as it has KV heads (tools/bench_verify_rows.py).
+DECODE_ROWS_MAX = 5
+
 #: The rope tables of one forward by name (models/decoder.py RopeTables): "global", and "local" where used.
 RopeTableSet = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
@@ -129,27 +134,30 @@ class FusedLayerStack:
         return cls(lib, model, kv_caches)
 
     def takes(self, attn: AttentionMetadata, num_tokens: int) -> bool:
-        """Whether this step can run here: decodes only, or decodes first and then prompt chunks (the
-        scheduler's order) where the prefill attention kernel serves the prompts (it measured faster than
-        SDPA at load, and holds this many query heads per KV head); no sequence past a sliding window; with
-        soft-capped scores, decodes only."""
+        """Whether this step can run here: decode rows first (decodes, and the short runs of tokens that
+        verify draft tokens), then prompt chunks (the scheduler's order) where the prefill attention kernel
+        serves the prompts (it measured faster than SDPA at load, and holds this many query heads per KV
+        head); no sequence past a sliding window; with soft-capped scores, decode rows only."""
         if self.window is not None and attn.max_seq_len > self.window:
-            return False
-        if self.softcap is not None and not attn.is_pure_decode:
             return False
         if attn.is_pure_decode:
             return num_tokens == attn.num_seqs
+        lens = attn.query_lens_cpu
+        rest = lens[_leading_decode_rows(lens):]
+        if not rest:
+            return True
+        if self.softcap is not None:
+            return False
         if not (self._attention.prefill_wins and self.heads // self.kv_heads <= MAX_PREFILL_GROUP):
             return False
-        lens = attn.query_lens_cpu
-        decodes = _leading_decodes(lens)
-        return all(n > 1 for n in lens[decodes:])
+        return all(n > 1 for n in rest)
 
     def run(self, hidden: torch.Tensor, rope: RopeTableSet, attn: AttentionMetadata,
             reference: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Final-norm hidden states [M, H] of the step's M tokens (`hidden`: their embeddings, overwritten);
         `reference()` computes the same through the torch layers, used on the first step of each kind to check."""
-        kind = "decode" if attn.is_pure_decode else "mixed"
+        lens = attn.query_lens_cpu
+        kind = "decode" if attn.is_pure_decode else "verify" if _leading_decode_rows(lens) == len(lens) else "mixed"
         if kind not in self.checked:
             return self._check(kind, hidden, rope, attn, reference)
         return self._run(hidden, rope, attn)
@@ -161,17 +169,25 @@ class FusedLayerStack:
         out = torch.empty_like(hidden)
         cos, sin = (t.contiguous() for t in rope["global"])
         cos_local, sin_local = (t.contiguous() for t in rope.get("local", rope["global"]))
-        tables = attn.block_tables.to(torch.int32).contiguous()
         slots = attn.slot_mapping.to(torch.int64).contiguous()
         lens_cpu = attn.query_lens_cpu
-        decodes = _leading_decodes(lens_cpu)
-        lens = attn.seq_lens[:decodes].to(torch.int32).contiguous()
-        stride = -(-max(attn.seq_lens_cpu[:decodes], default=0) // 16) * 16
+        # Each row of the leading short runs attends like a decode of its sequence at its own position.
+        short = _leading_decode_rows(lens_cpu)
+        row_seq = [i for i in range(short) for _ in range(lens_cpu[i])]
+        row_lens = [attn.seq_lens_cpu[i] - lens_cpu[i] + 1 + r for i in range(short) for r in range(lens_cpu[i])]
+        decodes = len(row_seq)
+        block_tables = attn.block_tables.to(torch.int32)
+        if decodes != short:
+            index = torch.tensor(row_seq + list(range(short, len(lens_cpu))), dtype=torch.long)
+            block_tables = block_tables.index_select(0, index)
+        tables = block_tables.contiguous()
+        lens = torch.tensor(row_lens, dtype=torch.int32)
+        stride = -(-max(row_lens, default=0) // 16) * 16
         prompts = Prompts()  # S = 0: none
-        if decodes < len(lens_cpu):
+        if short < len(lens_cpu):
             first_rows = list(itertools.accumulate(lens_cpu, initial=0))[:-1]
-            sequences = [PrefillSequence(start, n, seq_len, i) for i, (start, n, seq_len)
-                         in enumerate(zip(first_rows, lens_cpu, attn.seq_lens_cpu, strict=True)) if i >= decodes]
+            sequences = [PrefillSequence(start, n, seq_len, decodes + i - short) for i, (start, n, seq_len)
+                         in enumerate(zip(first_rows, lens_cpu, attn.seq_lens_cpu, strict=True)) if i >= short]
             meta = prefill_arguments(sequences)
             prompts = Prompts(self._prefill_address, len(sequences), *(row.data_ptr() for row in meta))
         failed = self._lib.layer_stack(
@@ -247,9 +263,11 @@ def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None
         rope_dim=rope_dim)
 
 
-def _leading_decodes(query_lens: list[int]) -> int:
-    """How many sequences at the front of the step feed one token each (the scheduler puts decodes first)."""
+def _leading_decode_rows(query_lens: list[int]) -> int:
+    """How many sequences at the front of the step run as decode rows: decodes (one token each; the
+    scheduler puts them first), then runs of up to DECODE_ROWS_MAX tokens (a decode with its draft tokens,
+    a prompt's short last chunk), whose rows the decode kernel serves one position each."""
     n = 0
-    while n < len(query_lens) and query_lens[n] == 1:
+    while n < len(query_lens) and query_lens[n] <= DECODE_ROWS_MAX:
         n += 1
     return n

@@ -7,9 +7,11 @@ and block table: prefix-cache hits arrive as blocks it did not compute). The sha
 StepPlan rank 0 built (tests check decode(encode(plan)) == plan), then both flatten it the same way.
 
 Layout: [n_released, n_seqs, released ids..., records...]. Record of a known request:
-[id, meta, tokens..., new blocks...]; of a new one (FULL flag): [id, meta, start, n_blocks, tokens...,
-blocks...]. meta = flags | new_blocks << 3 | n_tokens << 9. Ids are request ids modulo 2^31 (two live
-requests 2^31 ids apart cannot happen).
+[id, meta, (start,) (num_drafts,) tokens..., new blocks...]; of a new one (FULL flag): [id, meta, start,
+n_blocks, (num_drafts,) tokens..., blocks...]. meta = flags | new_blocks << 5 | n_tokens << 11. A known
+request whose start is not where the mirror left it (speculation: its rejected draft tokens are not
+cached) sends its start (MOVED); a decode with drafts sends their number (DRAFTS). Ids are request ids
+modulo 2^31 (two live requests 2^31 ids apart cannot happen).
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
 FULL = 1  # record carries the whole block table and the start position
 PROMPT_LOGPROBS = 2  # the chunk's prompt rows' logits are wanted
 SAMPLES = 4  # the step samples this sequence's next token
+DECODE = 8  # the tokens fed follow a sampled one
+DRAFTS = 16  # the number of draft tokens follows
+MOVED = 32  # a known request's start follows (it is not where the mirror left it)
+_FLAG_BITS = 6
 _ID_MASK = 0x7FFFFFFF
-_MAX_DELTA_BLOCKS = 63  # what fits in meta's bits 3..8; more new blocks at once go as FULL
+_MAX_DELTA_BLOCKS = 31  # what fits in meta's bits 6..10; more new blocks at once go as FULL
+_TOKENS_SHIFT = 11
 
 
 @dataclass
@@ -50,16 +57,21 @@ class PlanEncoder:
         for entry in plan.seqs:
             key = entry.request_id & _ID_MASK
             blocks = entry.block_ids
-            flags = (PROMPT_LOGPROBS if entry.prompt_logprobs else 0) | (SAMPLES if entry.samples else 0)
+            flags = (PROMPT_LOGPROBS if entry.prompt_logprobs else 0) | (SAMPLES if entry.samples else 0) \
+                | (DECODE if entry.is_decode else 0) | (DRAFTS if entry.num_drafts else 0)
+            drafts = [entry.num_drafts] if entry.num_drafts else []
             n = len(entry.token_ids)
             known = self.mirrors.get(key) if key not in released else None
-            if (known is not None and known.num_tokens == entry.start
-                    and len(blocks) - len(known.blocks) <= _MAX_DELTA_BLOCKS
+            if (known is not None and len(blocks) - len(known.blocks) <= _MAX_DELTA_BLOCKS
                     and blocks[: len(known.blocks)] == known.blocks):
                 new = blocks[len(known.blocks):]
-                out += [key, flags | len(new) << 3 | n << 9, *entry.token_ids, *new]
+                moved = [entry.start] if known.num_tokens != entry.start else []
+                flags |= MOVED if moved else 0
+                out += [key, flags | len(new) << _FLAG_BITS | n << _TOKENS_SHIFT, *moved, *drafts, *entry.token_ids,
+                        *new]
             else:
-                out += [key, flags | FULL | n << 9, entry.start, len(blocks), *entry.token_ids, *blocks]
+                out += [key, flags | FULL | n << _TOKENS_SHIFT, entry.start, len(blocks), *drafts, *entry.token_ids,
+                        *blocks]
             self._pending.append((key, _Mirror(list(blocks), entry.end)))
         return torch.tensor(out, dtype=torch.int32)
 
@@ -88,20 +100,28 @@ class PlanDecoder:
         seqs = []
         for _ in range(n_seqs):
             key, meta = m[i], m[i + 1]
-            n_tokens = meta >> 9
+            n_tokens = meta >> _TOKENS_SHIFT
             if meta & FULL:
                 start, n_blocks = m[i + 2], m[i + 3]
                 i += 4
+                num_drafts = m[i] if meta & DRAFTS else 0
+                i += 1 if meta & DRAFTS else 0
                 tokens = m[i: i + n_tokens]
                 mirror = self.mirrors[key] = _Mirror(m[i + n_tokens: i + n_tokens + n_blocks], start)
             else:
-                n_blocks = (meta >> 3) & _MAX_DELTA_BLOCKS
+                n_blocks = (meta >> _FLAG_BITS) & _MAX_DELTA_BLOCKS
                 i += 2
-                tokens = m[i: i + n_tokens]
                 mirror = self.mirrors[key]
+                if meta & MOVED:
+                    mirror.num_tokens = m[i]
+                    i += 1
+                num_drafts = m[i] if meta & DRAFTS else 0
+                i += 1 if meta & DRAFTS else 0
+                tokens = m[i: i + n_tokens]
                 mirror.blocks.extend(m[i + n_tokens: i + n_tokens + n_blocks])
             i += n_tokens + n_blocks
             seqs.append(ScheduledSeq(key, mirror.num_tokens, tokens, list(mirror.blocks), bool(meta & SAMPLES),
-                                     bool(meta & PROMPT_LOGPROBS)))
+                                     bool(meta & PROMPT_LOGPROBS), is_decode=bool(meta & DECODE),
+                                     num_drafts=num_drafts))
             mirror.num_tokens += n_tokens
         return StepPlan(seqs, released)

@@ -20,10 +20,11 @@ class BatchInputs:
     query_lens: list[int]
     seq_lens: list[int]
     block_tables: list[list[int]]
-    #: Rows of the flat batch whose logits are needed: the last row of every sampling sequence (in plan
-    #: order), then the prompt rows of sequences that asked for prompt logprobs.
+    #: Rows of the flat batch whose logits are needed: the sampled rows of every sampling sequence (its
+    #: last 1 + num_drafts rows, in plan order), then the prompt rows of sequences that asked for prompt
+    #: logprobs.
     logits_indices: list[int]
-    #: Plan index of each sampling sequence: logits row i belongs to plan.seqs[sample_seqs[i]].
+    #: Plan index of each sampling sequence, in the order of their logits rows.
     sample_seqs: list[int]
     #: For each sequence with prompt rows: (plan index, first logits row, number of rows).
     prompt_logprob_rows: list[tuple[int, int, int]]
@@ -42,7 +43,7 @@ def flatten(plan: StepPlan, block_size: int) -> BatchInputs:
         out.seq_lens.append(end)
         out.block_tables.append(table)
         if entry.samples:
-            out.logits_indices.append(len(out.input_ids) - 1)
+            out.logits_indices.extend(range(len(out.input_ids) - entry.num_sampled_rows, len(out.input_ids)))
             out.sample_seqs.append(i)
         rows = entry.num_tokens - (1 if entry.samples else 0)  # the sampled row predicts no prompt token
         if entry.prompt_logprobs and rows > 0:
@@ -51,6 +52,11 @@ def flatten(plan: StepPlan, block_size: int) -> BatchInputs:
         out.prompt_logprob_rows.append((i, len(out.logits_indices), rows))
         out.logits_indices.extend(range(row0, row0 + rows))
     return out
+
+
+def num_sample_rows(plan: StepPlan, batch: BatchInputs) -> int:
+    """How many leading logits rows are sampled rows."""
+    return sum(plan.seqs[i].num_sampled_rows for i in batch.sample_seqs)
 
 
 def to_metadata(batch: BatchInputs, block_size: int, device: torch.device) -> AttentionMetadata:

@@ -1,6 +1,14 @@
 """The model server half of a step: one forward over the plan's flat batch, then per-request sampling.
 
 `forward_plan` is all a shard rank runs; sampling and the per-request records live only here, on rank 0.
+
+A decode with draft tokens has a sampled row per token it fed: row r chooses what follows the draft's
+first r tokens, exactly as a step without speculation would choose it there (its penalties counting
+those tokens, its grammar's mask after them, min_new_tokens, and the same noise row of the request's
+seeded stream). Drafts are accepted while each equals the token chosen before it; the first choice that
+differs, or the one after the last draft, ends the step's tokens. So output is token for token what
+`--speculate 0` gives, greedy or sampled with a seed: for sampling this is the rejection rule for a
+deterministic draft (accepted with probability p(draft); on rejection a draw from p without it).
 """
 
 from __future__ import annotations
@@ -11,11 +19,11 @@ import platform
 
 import torch
 
-from tgi_llm.engine.runner_protocol import SeqResult
-from tgi_llm.engine.sampling import Sampler
+from tgi_llm.engine.runner_protocol import SampledToken, SeqResult
+from tgi_llm.engine.sampling import Sampler, samples
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
 from tgi_llm.kv_cache import KVCache
-from tgi_llm.runner.batch_inputs import BatchInputs, flatten, to_metadata
+from tgi_llm.runner.batch_inputs import BatchInputs, flatten, num_sample_rows, to_metadata
 from tgi_llm.runner.grammar_mask import GrammarMasker
 from tgi_llm.runner.request_state import RequestStates
 
@@ -78,7 +86,7 @@ class ModelRunner:
         if not self.kv_caches or self.kv_caches[0][0].shape[0] < 2:
             return
         for entry in (ScheduledSeq(0, 0, list(range(n)), [0], samples=True),
-                      ScheduledSeq(0, n, [n], [0, 1], samples=True)):
+                      ScheduledSeq(0, n, [n], [0, 1], samples=True, is_decode=True)):
             self.forward_plan(StepPlan([entry]))
 
     @torch.inference_mode()
@@ -88,7 +96,7 @@ class ModelRunner:
         batch, logits = self.forward_plan(plan)
         results: list[SeqResult | None] = [None] * len(plan.seqs)
         if batch.sample_seqs:
-            self._sample(plan, batch.sample_seqs, logits[: len(batch.sample_seqs)], results)
+            self._sample(plan, batch.sample_seqs, logits[: num_sample_rows(plan, batch)], results)
         for i, offset, rows in batch.prompt_logprob_rows:
             entry = plan.seqs[i]
             targets = entry.request.input_ids[entry.start + 1 : entry.start + 1 + rows]
@@ -100,22 +108,46 @@ class ModelRunner:
 
     def _sample(self, plan: StepPlan, seq_indices: list[int], logits: torch.Tensor,
                 results: list[SeqResult | None]) -> None:
+        """`logits` holds each sampling sequence's 1 + num_drafts rows, in the order of `seq_indices`."""
         entries = [plan.seqs[i] for i in seq_indices]
-        keys = [e.request_id for e in entries]
         states = [self.states.get(e.request_id, e.request) for e in entries]
-        params = [s.request.sampling for s in states]
-        top_n = max(s.request.top_n_tokens for s in states)
-        penalties = self.states.penalties
-        self._hold_eos(logits, entries, states)
+        # The drafts each sequence can verify: its grammar may end them early (their rows go unused).
+        drafts = [self.grammar.valid_drafts(st.matcher, e.drafts) if st.matcher is not None else e.drafts
+                  for e, st in zip(entries, states, strict=True)]
+        rows: list[int] = []  # logits row of each row chosen from
+        firsts: list[int] = []  # each sequence's first row among them
+        offset = 0
+        for e, d in zip(entries, drafts, strict=True):
+            firsts.append(len(rows))
+            rows.extend(range(offset, offset + 1 + len(d)))
+            offset += e.num_sampled_rows
+        if len(rows) != logits.shape[0]:
+            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=logits.device))
+        owner = [j for j, d in enumerate(drafts) for _ in range(1 + len(d))]  # sequence of each row
+        depth = [r for d in drafts for r in range(1 + len(d))]  # draft tokens before each row
+        self._hold_eos(logits, entries, states, owner, depth)
         constrained = [j for j, s in enumerate(states) if s.matcher is not None]
         if constrained:
-            self.grammar.mask(logits, constrained, [states[j].matcher for j in constrained])
-        out = self.sampler(logits, params, [s.generator for s in states],
-                           penalties.counts(keys) if len(penalties) else None, top_n)
-        penalties.record(keys, out.next_token_ids)
-        # One host transfer for the whole batch.
-        ids = out.next_token_ids.tolist()
-        outcomes = self.grammar.advance([states[j].matcher for j in constrained], [ids[j] for j in constrained]) \
+            self.grammar.mask(logits, [firsts[j] for j in constrained], [states[j].matcher for j in constrained],
+                              [drafts[j] for j in constrained])
+        params = [states[j].request.sampling for j in owner]
+        top_n = max(s.request.top_n_tokens for s in states)
+        noise = self._take_noise(states, drafts, logits.shape[1])
+        out = self.sampler(logits, params, [states[j].generator for j in owner],
+                           self._row_counts(entries, drafts, owner, depth), top_n,
+                           [row for rows in noise for row in rows])
+        ids = out.next_token_ids.tolist()  # one host transfer for the whole batch
+        chosen: list[list[int]] = []
+        for j, (state, d) in enumerate(zip(states, drafts, strict=True)):
+            first = firsts[j]
+            accepted = 0
+            while accepted < len(d) and ids[first + accepted] == d[accepted]:
+                accepted += 1
+            chosen.append(ids[first: first + accepted + 1])
+            if noise[j][0] is not None and accepted < len(d):
+                state.give_back_noise(noise[j][accepted + 1:])
+        self._record_penalties(entries, chosen)
+        outcomes = self.grammar.advance([states[j].matcher for j in constrained], [chosen[j] for j in constrained]) \
             if constrained else []
         outcome = dict(zip(constrained, outcomes, strict=True))
         lps = out.logprobs.tolist()
@@ -123,18 +155,54 @@ class ModelRunner:
         top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
         for j, (i, state) in enumerate(zip(seq_indices, states, strict=True)):
             n = state.request.top_n_tokens
+            tokens = [SampledToken(token, lps[row], top_ids[row][:n] if top_ids and n else [],
+                                   top_lps[row][:n] if top_lps and n else [])
+                      for row, token in enumerate(chosen[j], start=firsts[j])]
             results[i] = SeqResult(
-                token_id=ids[j], logprob=lps[j],
-                top_ids=top_ids[j][:n] if top_ids and n else [],
-                top_logprobs=top_lps[j][:n] if top_lps and n else [],
-                grammar_done=outcome.get(j) is True,
-                error=outcome[j] if isinstance(outcome.get(j), str) else None,
+                tokens=tokens, grammar_done=outcome.get(j) is True,
+                error=outcome[j] if isinstance(outcome.get(j), str) else None, num_drafts=len(drafts[j]),
             )
 
-    def _hold_eos(self, logits: torch.Tensor, entries: list, states: list) -> None:
+    def _take_noise(self, states: list, drafts: list[list[int]], width: int) -> list[list[torch.Tensor | None]]:
+        """Per sequence, the noise of each of its rows: the row of the token it chooses in its request's
+        seeded stream (None for rows that do not sample)."""
+        return [state.take_noise(1 + len(d), width, self.device)
+                if state.generator is not None and samples(state.request.sampling) else [None] * (1 + len(d))
+                for state, d in zip(states, drafts, strict=True)]
+
+    def _row_counts(self, entries: list[ScheduledSeq], drafts: list[list[int]], owner: list[int],
+                    depth: list[int]) -> list[torch.Tensor | None] | None:
+        """Each row's penalty counts: its request's, plus the draft tokens before the row."""
+        penalties = self.states.penalties
+        if not len(penalties):
+            return None
+        counts = penalties.counts([e.request_id for e in entries])
+        out: list[torch.Tensor | None] = []
+        for j, r in zip(owner, depth, strict=True):
+            base = counts[j]
+            if base is None or r == 0:
+                out.append(base)
+                continue
+            row = base.clone()
+            row.index_put_((torch.tensor(drafts[j][:r], device=row.device),),
+                           torch.ones(r, dtype=row.dtype, device=row.device), accumulate=True)
+            out.append(row)
+        return out
+
+    def _record_penalties(self, entries: list[ScheduledSeq], chosen: list[list[int]]) -> None:
+        penalties = self.states.penalties
+        if not len(penalties):
+            return
+        keys = [e.request_id for e, tokens in zip(entries, chosen, strict=True) for _ in tokens]
+        flat = [t for tokens in chosen for t in tokens]
+        penalties.record(keys, torch.tensor(flat, dtype=torch.long, device=self.device))
+
+    def _hold_eos(self, logits: torch.Tensor, entries: list[ScheduledSeq], states: list, owner: list[int],
+                  depth: list[int]) -> None:
         """Rows that have not generated their min_new_tokens yet cannot pick an end-of-sequence token."""
-        early = [j for j, (e, s) in enumerate(zip(entries, states, strict=True))
-                 if e.end - s.request.input_length < s.request.stopping.min_new_tokens]
+        early = [row for row, (j, r) in enumerate(zip(owner, depth, strict=True))
+                 if entries[j].end - entries[j].num_drafts + r - states[j].request.input_length
+                 < states[j].request.stopping.min_new_tokens]
         if early and self.eos_token_ids:
             rows = torch.tensor(early, device=logits.device)[:, None]
             cols = torch.tensor(sorted(self.eos_token_ids), device=logits.device)[None, :]

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from tgi_llm.engine.sampling import PenaltyState, make_generator, samples, uses_penalty
+from tgi_llm.engine.sampling import PenaltyState, draw_noise, make_generator, samples, uses_penalty
 from tgi_llm.request import ValidRequest
 
 
 @dataclass
 class RequestState:
     request: ValidRequest
-    #: The request's own random stream: advanced only by steps that sample for it, so a seed gives the
-    #: same tokens whatever the batch, the chunking or the prefix cache did.
+    #: The request's own random stream: one row of noise per generated token, in order, so a seed gives
+    #: the same tokens whatever the batch, the chunking, the prefix cache or speculation did.
     generator: torch.Generator | None
     #: Where the request's grammar stands (llguidance matcher), None without a grammar.
     matcher: Any = None
+    #: Noise rows drawn for tokens not chosen yet: a verify draws one per row it may accept, and gives
+    #: back those past the first rejection for the next step's first tokens.
+    noise_ahead: list[torch.Tensor] = field(default_factory=list)
+
+    def take_noise(self, n: int, vocab_size: int, device: torch.device) -> list[torch.Tensor]:
+        """The noise of the request's next `n` tokens."""
+        rows = self.noise_ahead[:n]
+        del self.noise_ahead[:n]
+        rows += [draw_noise(vocab_size, self.generator, device) for _ in range(n - len(rows))]
+        return rows
+
+    def give_back_noise(self, rows: list[torch.Tensor]) -> None:
+        self.noise_ahead[:0] = rows
 
 
 class RequestStates:

@@ -149,7 +149,8 @@ def _vllm_sampling_parameters(raw: str) -> dict[str, Any]:
     return out
 
 
-_INTEGERS = {"max_new_tokens", "min_new_tokens", "top_k", "seed", "top_n_tokens", "truncate", "best_of", "n"}
+_INTEGERS = {"max_new_tokens", "min_new_tokens", "top_k", "seed", "top_n_tokens", "truncate", "best_of", "n",
+             "speculate"}
 _FLOATS = {"temperature", "top_p", "typical_p", "repetition_penalty", "frequency_penalty", "presence_penalty"}
 _FLAGS = {"ignore_eos", "do_sample", "details", "decoder_input_details", "return_full_text", "skip_special_tokens"}
 

@@ -34,6 +34,10 @@ _COUNTERS = {
     "tgi_grammar_compiled": "Grammars compiled (the others came from the cache)",
     "tgi_grammar_cache_hits": "Grammars found compiled in the cache",
     "tgi_grammar_compile_seconds": "Seconds spent compiling grammars",
+    # Speculative decoding, by vLLM's names.
+    "vllm:spec_decode_num_drafts": "Verify steps: decodes that fed draft tokens",
+    "vllm:spec_decode_num_draft_tokens": "Draft tokens verified",
+    "vllm:spec_decode_num_accepted_tokens": "Draft tokens accepted (each saved a step)",
 }
 _GAUGES = {
     "tgi_queue_size": "Requests waiting to be admitted into the batch",
@@ -58,6 +62,7 @@ _HISTOGRAMS = {
     "tgi_request_input_length": "Prompt tokens per request",
     "tgi_batch_forward_duration": "Seconds per forward pass, by method",
     "tgi_grammar_mask_duration": "Seconds per step computing and applying grammar masks",
+    "tgi_request_skipped_tokens": "Draft tokens accepted per request (tokens that took no step of their own)",
 }
 
 
@@ -74,6 +79,7 @@ class TgiMetrics:
                 self._families[name] = family_factory(name, description, kind)
         self._buckets = {
             "tgi_request_generated_tokens": _linear_buckets(max_total_tokens),
+            "tgi_request_skipped_tokens": _linear_buckets(max_total_tokens),
             "tgi_request_input_length": _linear_buckets(max_input_tokens),
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
@@ -108,6 +114,7 @@ class TgiMetrics:
             self._metric("tgi_request_mean_time_per_token_duration").observe(per_token)
         self._metric("tgi_request_generated_tokens").observe(float(final.generated_tokens))
         self._metric("tgi_request_input_length").observe(float(final.input_tokens))
+        self._metric("tgi_request_skipped_tokens").observe(float(final.accepted_draft_tokens))
 
     def engine_stats(self, stats: EngineStats) -> None:
         self._gauge("tgi_queue_size", stats.queue_size)
@@ -126,6 +133,9 @@ class TgiMetrics:
         self._advance("tgi_grammar_compiled", stats.grammar_compiled)
         self._advance("tgi_grammar_cache_hits", stats.grammar_cache_hits)
         self._advance("tgi_grammar_compile_seconds", stats.grammar_compile_s)
+        self._advance("vllm:spec_decode_num_drafts", stats.spec_drafts)
+        self._advance("vllm:spec_decode_num_draft_tokens", stats.spec_draft_tokens)
+        self._advance("vllm:spec_decode_num_accepted_tokens", stats.spec_accepted_tokens)
 
     def memory(self, account: Any) -> None:
         """A tgi_llm.memory.MemoryAccount: weights, the KV pool, and the rest of the resident memory."""

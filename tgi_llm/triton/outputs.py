@@ -20,6 +20,7 @@ FINISH_REASON = "finish_reason"
 NUM_INPUT = "num_input_tokens"
 NUM_OUTPUT = "num_output_tokens"
 NUM_CACHED = "num_cached_tokens"  # prompt tokens whose K/V came from the prefix cache
+NUM_ACCEPTED = "num_accepted_draft_tokens"  # generated tokens speculation guessed right (no step of their own)
 SEED = "seed"
 TOKEN_IDS = "token_ids"
 TOKEN_TEXTS = "token_texts"
@@ -107,6 +108,7 @@ def final_outputs(final: FinalEvent, stream: bool, details: bool, last: TokenEve
     out[NUM_INPUT] = np.array([final.input_tokens], dtype=np.uint32)
     out[NUM_OUTPUT] = np.array([final.generated_tokens], dtype=np.uint32)
     out[NUM_CACHED] = np.array([final.cached_tokens], dtype=np.uint32)
+    out[NUM_ACCEPTED] = np.array([final.accepted_draft_tokens], dtype=np.uint32)
     if details and final.seed is not None:
         out[SEED] = np.array([final.seed], dtype=np.uint64)
     return out
