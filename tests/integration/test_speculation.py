@@ -1,6 +1,7 @@
-"""`--speculate 4` served by a real tritonserver: output is the engine's greedy text without speculation, on
-every route; the guesses are visible (details, the Triton output, vLLM's and TGI's metrics); a request can
-turn it off, and asking for more than the server's limit is a 400 naming the field."""
+"""Speculation as the launcher serves it by default (`--speculate 4`), by a real tritonserver: output is
+the engine's greedy text without speculation, on every route; the guesses are visible (details, the Triton
+output, vLLM's and TGI's metrics); a request can turn it off, and asking for more than the server's limit
+is a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ PROMPT = f"Repeat this text exactly:\n\n{TEXT}\n\nRepeated text:\n\n"
 @pytest.fixture(scope="module")
 def spec_server(tmp_path_factory):
     (port,) = free_ports(1)
-    server = launch(tmp_path_factory.mktemp("speculate"), *SERVER_FLAGS, "--speculate", "4", "--port", str(port))
+    server = launch(tmp_path_factory.mktemp("speculate"), *SERVER_FLAGS, "--port", str(port))
     try:
         if not wait_until(lambda: "Ready: HTTP" in server.log_path.read_text() or server.process.poll() is not None,
                           START_TIMEOUT_S, 0.5) or server.process.poll() is not None:

@@ -94,7 +94,7 @@ def test_warm_up_checks_the_fused_stack_and_leaves_no_trace(model, prefill_kerne
     warmed.warm_up()
     fused = net._fused[1] if net._fused is not None else None
     assert fused is not None  # the default model on the CPU runs the fused stack (TGI_LLM_FUSED_DECODE unset)
-    assert fused.checked == {"decode", "mixed"} and fused.agrees
+    assert fused.checked == {"decode", "mixed", "verify"} and fused.agrees
     rows = {}
     for name, runner in (("warmed", warmed), ("cold", fresh_runner(model))):
         player = PlanPlayer(BLOCK, NUM_BLOCKS, next_token=lambda i: 42 + i)

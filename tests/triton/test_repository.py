@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from tgi_llm.engine import EngineOptions, LimitOptions
 from tgi_llm.launcher.repository import DEFAULT_PARAMETERS, INPUTS, MODEL_PY, OUTPUTS, render_config
+from tgi_llm.speculation.policy import SERVED_SPECULATE
 from tgi_llm.triton import outputs, trtllm_forwarder
 from tgi_llm.triton.inputs import ACCEPTED_INPUTS, SCALAR_INPUTS
 
@@ -35,7 +36,7 @@ def test_every_parameter_is_an_engine_option_or_an_adapter_setting():
     assert set(DEFAULT_PARAMETERS) <= engine_fields | adapter
     assert engine_fields - {"limits"} <= set(DEFAULT_PARAMETERS)
     opts = EngineOptions.from_parameters(DEFAULT_PARAMETERS)
-    assert opts.limits == LimitOptions()
+    assert opts.limits == replace(LimitOptions(), speculate=SERVED_SPECULATE)  # the server speculates
 
 
 def test_declared_tensors_are_the_ones_the_adapter_reads_and_writes():

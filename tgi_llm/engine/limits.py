@@ -53,7 +53,8 @@ class LimitOptions:
     #: With chunking, while streams decode, a step takes only the prompt tokens that fit this time
     #: (pacing.py); None: the device's default (CPU 300 ms), 0: never paced.
     prefill_step_target_ms: int | None = None
-    #: Tokens each decode may guess and verify in one step (TGI's --speculate; env SPECULATE); 0: off.
+    #: Tokens each decode may guess and verify in one step (TGI's --speculate; env SPECULATE); 0: off. The
+    #: server's default is speculation.policy.SERVED_SPECULATE; the Python API asks for it.
     speculate: int = 0
 
 

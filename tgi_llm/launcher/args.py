@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_llm.errors import ArgumentValidationError
+from tgi_llm.speculation.policy import SERVED_SPECULATE
 
 logger = logging.getLogger("tgi_llm.launcher")
 
@@ -81,9 +82,10 @@ FLAGS: list[Flag] = [
     Flag("prefill_chunking", switch=True, default=True, negatable=True,
          help="Split long prompts across steps within --max-batch-prefill-tokens, so running streams never "
               "stall for a whole prompt (TGI v3); --no-prefill-chunking prefills each prompt in one step"),
-    Flag("speculate", int, 0,
+    Flag("speculate", int, SERVED_SPECULATE,
          help="Speculative decoding: each stream guesses up to N next tokens by prompt lookup (where its last "
-              "tokens occurred before) and one step verifies them; output is unchanged. 0 turns it off"),
+              "tokens occurred before) and one step verifies them; output is unchanged, and a stream guesses "
+              "only while it pays (default 4; 0 turns it off)"),
     Flag("speculative_model",
          help="A smaller model with the same tokenizer (directory, hub id in the cache, or GGUF file) whose greedy "
               "guesses --speculate verifies, instead of prompt lookup (--speculate defaults to 4 with it)"),

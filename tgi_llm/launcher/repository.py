@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from tgi_llm.speculation.policy import SERVED_SPECULATE
+
 MODEL_NAME = "tgi_llm"
 
 MODEL_PY = '''"""Triton model `tgi_llm`: the adapter lives in the tgi_llm package (tgi_llm/triton/model.py)."""
@@ -101,7 +103,7 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "prefix_caching": "true",
     "prefill_chunking": "true",
     "prefill_step_target_ms": "",
-    "speculate": "0",
+    "speculate": str(SERVED_SPECULATE),
     "speculative_model": "",
     "json_output": "false",
     "cancellation_poll_ms": "100",

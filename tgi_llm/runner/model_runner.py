@@ -26,6 +26,7 @@ from tgi_llm.kv_cache import KVCache
 from tgi_llm.runner.batch_inputs import BatchInputs, flatten, num_sample_rows, to_metadata
 from tgi_llm.runner.grammar_mask import GrammarMasker
 from tgi_llm.runner.request_state import RequestStates
+from tgi_llm.runner.sampled_rows import SampledRows
 
 logger = logging.getLogger(__name__)
 
@@ -76,17 +77,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def warm_up(self) -> None:
-        """A one-block prompt and a decode step through the model, in blocks 0 and 1 of the still empty KV
-        cache, before the first request. What the first forward of each kind builds or checks (the fused
-        layer stack, and its comparison with the torch layers, which runs the step twice) then costs 17
-        tokens at start-up instead of a user's first prompt: a first 512-token chunk paid ~0.7 s for it at
-        float32. Nothing stays: no request holds those blocks and no prefix hash names them. Single-shard
-        only (a shard group's ranks run only the plans rank 0 sends them)."""
+        """A one-block prompt, a decode step and a decode verifying two draft tokens through the model, in
+        blocks 0 and 1 of the still empty KV cache, before the first request. What the first forward of each
+        kind builds or checks (the fused layer stack, and its comparison with the torch layers, which runs
+        the step twice) then costs 20 tokens at start-up instead of a user's first prompt: a first 512-token
+        chunk paid ~0.7 s for it at float32, and a first verify step measured that slow would tell
+        speculation (policy.py) that guessing never pays. Nothing stays: no request holds those blocks and
+        no prefix hash names them. Single-shard only (a shard group's ranks run only the plans rank 0 sends
+        them)."""
         n = self.block_size
         if not self.kv_caches or self.kv_caches[0][0].shape[0] < 2:
             return
         for entry in (ScheduledSeq(0, 0, list(range(n)), [0], samples=True),
-                      ScheduledSeq(0, n, [n], [0, 1], samples=True, is_decode=True)):
+                      ScheduledSeq(0, n, [n], [0, 1], samples=True, is_decode=True),
+                      ScheduledSeq(0, n + 1, [n + 1, n + 2, n + 3], [0, 1], samples=True, is_decode=True,
+                                   num_drafts=2)):
             self.forward_plan(StepPlan([entry]))
 
     @torch.inference_mode()
@@ -111,41 +116,25 @@ class ModelRunner:
         """`logits` holds each sampling sequence's 1 + num_drafts rows, in the order of `seq_indices`."""
         entries = [plan.seqs[i] for i in seq_indices]
         states = [self.states.get(e.request_id, e.request) for e in entries]
-        # The drafts each sequence can verify: its grammar may end them early (their rows go unused).
-        drafts = [self.grammar.valid_drafts(st.matcher, e.drafts) if st.matcher is not None else e.drafts
-                  for e, st in zip(entries, states, strict=True)]
-        rows: list[int] = []  # logits row of each row chosen from
-        firsts: list[int] = []  # each sequence's first row among them
-        offset = 0
-        for e, d in zip(entries, drafts, strict=True):
-            firsts.append(len(rows))
-            rows.extend(range(offset, offset + 1 + len(d)))
-            offset += e.num_sampled_rows
-        if len(rows) != logits.shape[0]:
-            logits = logits.index_select(0, torch.tensor(rows, dtype=torch.long, device=logits.device))
-        owner = [j for j, d in enumerate(drafts) for _ in range(1 + len(d))]  # sequence of each row
-        depth = [r for d in drafts for r in range(1 + len(d))]  # draft tokens before each row
-        self._hold_eos(logits, entries, states, owner, depth)
+        # The drafts each sequence can verify: its grammar may end them early.
+        rows = SampledRows.of(entries, [self.grammar.valid_drafts(st.matcher, e.drafts) if st.matcher is not None
+                                        else e.drafts for e, st in zip(entries, states, strict=True)])
+        if rows.num_rows != logits.shape[0]:
+            logits = logits.index_select(0, torch.tensor(rows.logits_rows, dtype=torch.long, device=logits.device))
+        self._hold_eos(logits, entries, states, rows)
         constrained = [j for j, s in enumerate(states) if s.matcher is not None]
         if constrained:
-            self.grammar.mask(logits, [firsts[j] for j in constrained], [states[j].matcher for j in constrained],
-                              [drafts[j] for j in constrained])
-        params = [states[j].request.sampling for j in owner]
+            self.grammar.mask(logits, [rows.firsts[j] for j in constrained],
+                              [states[j].matcher for j in constrained], [rows.drafts[j] for j in constrained])
+        params = [states[j].request.sampling for j in rows.owner]
         top_n = max(s.request.top_n_tokens for s in states)
-        noise = self._take_noise(states, drafts, logits.shape[1])
-        out = self.sampler(logits, params, [states[j].generator for j in owner],
-                           self._row_counts(entries, drafts, owner, depth), top_n,
-                           [row for rows in noise for row in rows])
-        ids = out.next_token_ids.tolist()  # one host transfer for the whole batch
-        chosen: list[list[int]] = []
-        for j, (state, d) in enumerate(zip(states, drafts, strict=True)):
-            first = firsts[j]
-            accepted = 0
-            while accepted < len(d) and ids[first + accepted] == d[accepted]:
-                accepted += 1
-            chosen.append(ids[first: first + accepted + 1])
-            if noise[j][0] is not None and accepted < len(d):
-                state.give_back_noise(noise[j][accepted + 1:])
+        noise = self._take_noise(states, rows.drafts, logits.shape[1])
+        out = self.sampler(logits, params, [states[j].generator for j in rows.owner],
+                           self._row_counts(entries, rows), top_n, [row for per_seq in noise for row in per_seq])
+        chosen = rows.kept(out.next_token_ids.tolist())  # one host transfer for the whole batch
+        for state, noise_rows, kept in zip(states, noise, chosen, strict=True):
+            if noise_rows[0] is not None:  # rows past the first rejection: the next step's first tokens
+                state.give_back_noise(noise_rows[len(kept):])
         self._record_penalties(entries, chosen)
         outcomes = self.grammar.advance([states[j].matcher for j in constrained], [chosen[j] for j in constrained]) \
             if constrained else []
@@ -157,10 +146,10 @@ class ModelRunner:
             n = state.request.top_n_tokens
             tokens = [SampledToken(token, lps[row], top_ids[row][:n] if top_ids and n else [],
                                    top_lps[row][:n] if top_lps and n else [])
-                      for row, token in enumerate(chosen[j], start=firsts[j])]
+                      for row, token in enumerate(chosen[j], start=rows.firsts[j])]
             results[i] = SeqResult(
                 tokens=tokens, grammar_done=outcome.get(j) is True,
-                error=outcome[j] if isinstance(outcome.get(j), str) else None, num_drafts=len(drafts[j]),
+                error=outcome[j] if isinstance(outcome.get(j), str) else None, num_drafts=len(rows.drafts[j]),
             )
 
     def _take_noise(self, states: list, drafts: list[list[int]], width: int) -> list[list[torch.Tensor | None]]:
@@ -170,21 +159,20 @@ class ModelRunner:
                 if state.generator is not None and samples(state.request.sampling) else [None] * (1 + len(d))
                 for state, d in zip(states, drafts, strict=True)]
 
-    def _row_counts(self, entries: list[ScheduledSeq], drafts: list[list[int]], owner: list[int],
-                    depth: list[int]) -> list[torch.Tensor | None] | None:
+    def _row_counts(self, entries: list[ScheduledSeq], rows: SampledRows) -> list[torch.Tensor | None] | None:
         """Each row's penalty counts: its request's, plus the draft tokens before the row."""
         penalties = self.states.penalties
         if not len(penalties):
             return None
         counts = penalties.counts([e.request_id for e in entries])
         out: list[torch.Tensor | None] = []
-        for j, r in zip(owner, depth, strict=True):
+        for j, r in zip(rows.owner, rows.depth, strict=True):
             base = counts[j]
             if base is None or r == 0:
                 out.append(base)
                 continue
             row = base.clone()
-            row.index_put_((torch.tensor(drafts[j][:r], device=row.device),),
+            row.index_put_((torch.tensor(rows.drafts[j][:r], device=row.device),),
                            torch.ones(r, dtype=row.dtype, device=row.device), accumulate=True)
             out.append(row)
         return out
@@ -197,10 +185,9 @@ class ModelRunner:
         flat = [t for tokens in chosen for t in tokens]
         penalties.record(keys, torch.tensor(flat, dtype=torch.long, device=self.device))
 
-    def _hold_eos(self, logits: torch.Tensor, entries: list[ScheduledSeq], states: list, owner: list[int],
-                  depth: list[int]) -> None:
+    def _hold_eos(self, logits: torch.Tensor, entries: list[ScheduledSeq], states: list, rows: SampledRows) -> None:
         """Rows that have not generated their min_new_tokens yet cannot pick an end-of-sequence token."""
-        early = [row for row, (j, r) in enumerate(zip(owner, depth, strict=True))
+        early = [row for row, (j, r) in enumerate(zip(rows.owner, rows.depth, strict=True))
                  if entries[j].end - entries[j].num_drafts + r - states[j].request.input_length
                  < states[j].request.stopping.min_new_tokens]
         if early and self.eos_token_ids:
