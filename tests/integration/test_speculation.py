@@ -44,31 +44,38 @@ def _post(url: str, body: dict) -> tuple[int, dict]:
 
 
 def test_metrics_count_drafted_and_accepted_tokens(spec_server):
-    """First in the module: no other request's metrics can land while it counts."""
+    """First in the module: no other request's metrics can land while it counts. Whether a step guesses
+    follows measured step times (policy.py), so the counts are checked against what the response says."""
     server, _ = spec_server
     before = read_metrics(server)
     status, body = http_generate(server, {"text_input": PROMPT, "max_tokens": 32})
-    assert status == 200 and body["num_accepted_draft_tokens"] > 0
+    assert status == 200
+    accepted = body["num_accepted_draft_tokens"]
 
     def delta(name: str) -> float:
         return metric(read_metrics(server), name) - metric(before, name)
 
     assert wait_until(lambda: delta("tgi_request_skipped_tokens_count") == 1)
-    assert delta("tgi_request_skipped_tokens_sum") == body["num_accepted_draft_tokens"]
-    assert wait_until(lambda: delta("vllm:spec_decode_num_accepted_tokens") >= body["num_accepted_draft_tokens"])
+    assert delta("tgi_request_skipped_tokens_sum") == accepted
+    assert wait_until(lambda: delta("vllm:spec_decode_num_accepted_tokens") >= accepted)
     assert delta("vllm:spec_decode_num_draft_tokens") >= delta("vllm:spec_decode_num_accepted_tokens")
-    assert delta("vllm:spec_decode_num_drafts") >= 1
+    assert delta("vllm:spec_decode_num_drafts") >= (1 if accepted else 0)
 
 
 def test_tgi_route_gives_the_unspeculated_text_and_counts_the_accepted_guesses(spec_server, reference):
-    server, front = spec_server
-    status, body = _post(f"{front}/generate", {"inputs": PROMPT,
-                                               "parameters": {"max_new_tokens": 48, "details": True}})
-    assert status == 200
-    assert body["generated_text"] == reference(PROMPT, 48)
-    details = body["details"]
-    assert len(details["tokens"]) == details["generated_tokens"]
-    assert 0 < details["accepted_draft_tokens"] < details["generated_tokens"]
+    _, front = spec_server
+    accepted = []
+    for _ in range(3):  # whether steps guess follows measured step times: a loaded host may hold them back
+        status, body = _post(f"{front}/generate", {"inputs": PROMPT,
+                                                   "parameters": {"max_new_tokens": 48, "details": True}})
+        assert status == 200
+        assert body["generated_text"] == reference(PROMPT, 48)
+        details = body["details"]
+        assert len(details["tokens"]) == details["generated_tokens"]
+        accepted.append(details["accepted_draft_tokens"])
+        if accepted[-1]:
+            break
+    assert 0 < accepted[-1] < details["generated_tokens"], accepted
 
 
 def test_hub_client_stream_has_one_event_per_token(spec_server, reference):

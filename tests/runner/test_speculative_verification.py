@@ -263,7 +263,10 @@ def test_the_engine_s_own_policy_speculates_for_one_stream(plain, spec):
         params = {"max_new_tokens": 64}
         want = plain.generate([prompt], params)
         before = accepted(spec)
-        assert_same(spec.generate([prompt], params), want)
+        for _ in range(3):  # the fit follows measured step times: a loaded host may hold guesses back a while
+            assert_same(spec.generate([prompt], params), want)
+            if accepted(spec) > before:
+                break
         assert accepted(spec) > before
     finally:
         spec.engine.scheduler.speculation = pinned
