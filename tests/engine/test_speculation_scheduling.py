@@ -6,8 +6,6 @@ events are token for token those of `speculate=0`, however a stop ends an accept
 
 from __future__ import annotations
 
-import queue
-
 import pytest
 
 from tgi_llm.engine import Engine, LimitOptions
@@ -18,11 +16,12 @@ from tgi_llm.engine.sequence import Sequence
 from tgi_llm.engine.step_plan import StepPlan
 from tgi_llm.engine.stopping import StopChecker
 from tgi_llm.errors import ArgumentValidationError, ValidationError
-from tgi_llm.events import ErrorEvent, FinalEvent, TokenEvent
+from tgi_llm.events import FinalEvent, TokenEvent
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
-from tgi_llm.speculation import SpeculationPolicy
 
+from ..speculation.always_pays import AlwaysPays
 from .fake_runner import FakeRunner
+from .test_engine_loop import Collector
 
 TIMEOUT = 20.0
 SPECULATE = 4
@@ -189,18 +188,6 @@ def test_speculate_zero_schedules_as_before():
 LIMITS = dict(max_input_tokens=64, max_total_tokens=128, max_batch_prefill_tokens=256, max_batch_total_tokens=4096)
 
 
-class AlwaysPays(SpeculationPolicy):
-    """The engine fits the step cost to measured (here: fake, noisy) step times, and under the prior no
-    stream guesses in a batch of 7 or more: every guess pays here, so which steps guess does not depend on
-    timing. The real policy is tested with the scheduler above and in tests/speculation/test_policy.py."""
-
-    def observe(self, rows: int, seconds: float) -> None:
-        pass
-
-    def break_even(self, batch: int) -> float:
-        return 0.0
-
-
 def make_engine(tokenizer, runner, speculate: int, **limit_kw) -> Engine:
     base = dict(LIMITS, waiting_served_ratio=0.0, speculate=speculate)
     base.update(limit_kw)
@@ -209,22 +196,6 @@ def make_engine(tokenizer, runner, speculate: int, **limit_kw) -> Engine:
     engine.scheduler.speculation = AlwaysPays(speculate)
     engine.start()
     return engine
-
-
-class Collector:
-    def __init__(self):
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
-        self.seen: list = []
-
-    def __call__(self, event):
-        self.events.put(event)
-
-    def wait_end(self):
-        while True:
-            event = self.events.get(timeout=TIMEOUT)
-            self.seen.append(event)
-            if isinstance(event, (FinalEvent, ErrorEvent)):
-                return event
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from tgi_llm.procfs import pid_alive
 from tgi_llm.runner.model_runner import ModelRunner
 
 from ..conftest import PlanPlayer
+from ..speculation.always_pays import AlwaysPays
 from .conftest import shard_pids
 
 CPU = torch.device("cpu")
@@ -145,7 +146,7 @@ def test_two_shards_verify_draft_tokens_and_give_the_tokens_of_one(tiny_llama_di
     with LLM(str(tiny_llama_dir), **kwargs) as one:
         want = run_requests(one, prompts, params)
     with LLM(str(tiny_llama_dir), num_shard=2, speculate=4, **kwargs) as two:
-        two.engine.scheduler.speculation.break_even = lambda batch: 0.0  # guess whatever steps cost
+        two.engine.scheduler.speculation = AlwaysPays(4)
         got = run_requests(two, prompts, params)
         assert two.engine.scheduler.num_draft_tokens > 0  # rejected ones too move starts back
         assert two.engine.stats().kv_blocks_free == two.engine.stats().kv_blocks_total

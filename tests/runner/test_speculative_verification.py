@@ -16,6 +16,8 @@ import pytest
 from tgi_llm import LLM
 from tgi_llm.speculation import SpeculationPolicy
 
+from ..speculation.always_pays import AlwaysPays
+
 pytestmark = pytest.mark.slow
 
 SPECULATE = 4
@@ -35,16 +37,6 @@ TASKS = [
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
                                            "city": {"type": "string"}},
           "required": ["name", "age", "city"], "additionalProperties": False}
-
-
-class AlwaysPays(SpeculationPolicy):
-    """Guess whenever prompt lookup has a guess, whatever the batch and the measured step times."""
-
-    def observe(self, rows: int, seconds: float) -> None:
-        pass
-
-    def break_even(self, batch: int) -> float:
-        return 0.0
 
 
 @pytest.fixture(scope="module")

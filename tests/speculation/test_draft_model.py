@@ -9,6 +9,8 @@ import pytest
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.llm import LLM
 
+from .always_pays import AlwaysPays
+
 pytestmark = pytest.mark.slow
 
 LIMITS = dict(max_input_tokens=256, max_total_tokens=384, max_batch_total_tokens=4096)
@@ -27,8 +29,7 @@ def plain(default_model_dir):
 
 def _speculating(model_dir, draft_dir) -> LLM:
     llm = LLM(str(model_dir), speculative_model=str(draft_dir), **LIMITS)
-    # Guess at every step, whatever the measured step costs say (they decide whether guessing pays).
-    llm.engine.scheduler.speculation.break_even = lambda batch: 0.0
+    llm.engine.scheduler.speculation = AlwaysPays(llm.engine.limits.speculate)
     return llm
 
 

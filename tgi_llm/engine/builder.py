@@ -22,8 +22,6 @@ DEFAULT_CPU_KV_TOKENS = 16384
 #: On CUDA, the share of free memory (after the weights) given to the KV cache, as TGI's
 #: `--cuda-memory-fraction` leaves room for activations.
 CUDA_KV_CACHE_FRACTION = 0.8
-#: --speculate when a draft model is given without it.
-DRAFT_MODEL_SPECULATE = 4
 
 
 def resolve_device_and_dtype(opts: EngineOptions) -> tuple[torch.device, torch.dtype]:
@@ -100,8 +98,10 @@ def _build_engine(opts: EngineOptions) -> Engine:
     from dataclasses import replace
 
     limit_opts = replace(opts.limits, block_size=block_size)
-    if opts.speculative_model and not limit_opts.speculate:
-        limit_opts = replace(limit_opts, speculate=DRAFT_MODEL_SPECULATE)
+    if opts.speculative_model and not limit_opts.speculate:  # a draft model is there to guess
+        from tgi_llm.speculation.policy import SERVED_SPECULATE
+
+        limit_opts = replace(limit_opts, speculate=SERVED_SPECULATE)
     limits = resolve_limits(limit_opts, config.max_position_embeddings,
                             kv_tokens, default_step_tokens(device.type), default_step_target_ms(device.type))
     kv_caches = allocate_kv_cache(shards.cache_config(config) if shards else config, limits.num_blocks, block_size,

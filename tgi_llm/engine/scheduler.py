@@ -197,14 +197,15 @@ class Scheduler:
         seq.admitted_at = None
         self.waiting.appendleft(seq)
 
-    def _entry(self, seq: Sequence, n: int) -> ScheduledSeq:
+    def _entry(self, seq: Sequence, n: int, drafts: Seq[int] = ()) -> ScheduledSeq:
+        """`seq`'s next `n` known tokens, then the draft tokens it guessed after them."""
         start = seq.num_computed
         end = start + n
         return ScheduledSeq(
-            request_id=seq.request_id, start=start, token_ids=seq.token_ids[start:end],
+            request_id=seq.request_id, start=start, token_ids=[*seq.token_ids[start:end], *drafts],
             block_ids=self.kv.block_ids(seq), samples=end == len(seq.token_ids),
             prompt_logprobs=seq.request.decoder_input_details and start < seq.input_length,
-            request=seq.request,
+            request=seq.request, is_decode=start >= seq.input_length, num_drafts=len(drafts),
         )
 
     def _decode_entries(self, decodes: list[Sequence]) -> list[ScheduledSeq]:
@@ -217,13 +218,7 @@ class Scheduler:
         proposals = iter(self.proposer.propose(asks) if asks else [])
         for seq, n in zip(decodes, lengths, strict=True):
             drafts = next(proposals) if n else []
-            start = seq.num_computed
-            entry = ScheduledSeq(
-                request_id=seq.request_id, start=start, token_ids=[*seq.token_ids[start:], *drafts],
-                block_ids=self.kv.block_ids(seq), samples=True, request=seq.request, is_decode=True,
-                num_drafts=len(drafts),
-            )
-            (verifying if drafts else plain).append(entry)
+            (verifying if drafts else plain).append(self._entry(seq, 1, drafts))
         return plain + verifying
 
     def _draft_length(self, seq: Sequence, break_even: float) -> int:

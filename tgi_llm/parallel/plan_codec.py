@@ -104,10 +104,7 @@ class PlanDecoder:
             if meta & FULL:
                 start, n_blocks = m[i + 2], m[i + 3]
                 i += 4
-                num_drafts = m[i] if meta & DRAFTS else 0
-                i += 1 if meta & DRAFTS else 0
-                tokens = m[i: i + n_tokens]
-                mirror = self.mirrors[key] = _Mirror(m[i + n_tokens: i + n_tokens + n_blocks], start)
+                mirror = self.mirrors[key] = _Mirror([], start)
             else:
                 n_blocks = (meta >> _FLAG_BITS) & _MAX_DELTA_BLOCKS
                 i += 2
@@ -115,10 +112,10 @@ class PlanDecoder:
                 if meta & MOVED:
                     mirror.num_tokens = m[i]
                     i += 1
-                num_drafts = m[i] if meta & DRAFTS else 0
-                i += 1 if meta & DRAFTS else 0
-                tokens = m[i: i + n_tokens]
-                mirror.blocks.extend(m[i + n_tokens: i + n_tokens + n_blocks])
+            num_drafts = m[i] if meta & DRAFTS else 0
+            i += 1 if meta & DRAFTS else 0
+            tokens = m[i: i + n_tokens]
+            mirror.blocks.extend(m[i + n_tokens: i + n_tokens + n_blocks])
             i += n_tokens + n_blocks
             seqs.append(ScheduledSeq(key, mirror.num_tokens, tokens, list(mirror.blocks), bool(meta & SAMPLES),
                                      bool(meta & PROMPT_LOGPROBS), is_decode=bool(meta & DECODE),
