@@ -9,6 +9,7 @@ import pytest
 from tgi_llm.bench.floor import FloorPoint
 from tgi_llm.bench.report import write_report
 from tgi_llm.bench.results import ENGINE, SERIAL, STATIC, TRITON_GRPC, BenchResults, SystemRun
+from tgi_llm.bench.server_metrics import SPECULATION_COUNTERS
 from tgi_llm.bench.stats import RequestRecord, summarize
 from tgi_llm.bench.steps import StepGroup
 from tgi_llm.bench.targets import compare
@@ -90,6 +91,15 @@ def test_report_writes_json_markdown_and_png(results, tmp_path):
     assert "| engine c=32 | decode | 100 | 62.40 |" in md  # forward mean from the step stats
     assert "bench.png" in md
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_that_guessed_report_their_acceptance_rate(results, tmp_path):
+    main = next(r for r in results.runs if r.summary.system == TRITON_GRPC and r.summary.concurrency == 32)
+    main.server_counters = dict(zip(SPECULATION_COUNTERS, (100.0, 1200.0, 900.0), strict=True))
+    md = write_report(results, tmp_path)["markdown"].read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| triton-grpc | 32 |"))
+    assert row.endswith("| 75% of 1,200 |")
+    assert next(line for line in md.splitlines() if line.startswith("| engine | 32 |")).endswith("| - |")
 
 
 def test_paired_ttft_compares_each_request_with_itself(results):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tgi_llm.bench.server_metrics import parse_forward_totals
+from tgi_llm.bench.server_metrics import SPECULATION_COUNTERS, acceptance, parse_forward_totals, speculation_counters
 
 BEFORE = """# HELP tgi_batch_forward_duration Seconds per forward pass, by method
 # TYPE tgi_batch_forward_duration histogram
@@ -28,3 +28,19 @@ def test_difference_of_two_scrapes_gives_steps_and_mean_forward_per_method():
 
 def test_nothing_to_parse_gives_nothing():
     assert parse_forward_totals("tgi_request_count 3\n").by_method == {}
+
+
+def test_acceptance_is_the_share_of_guessed_tokens_accepted_in_the_run():
+    gained = dict(zip(SPECULATION_COUNTERS, (10.0, 40.0, 30.0), strict=True))
+    assert acceptance(gained) == (40.0, 0.75)
+    assert acceptance(dict.fromkeys(SPECULATION_COUNTERS, 0.0)) is None  # nothing guessed: no rate, not 0%
+    assert acceptance(None) is None  # the counters could not be read
+
+
+def test_the_engine_counts_under_the_names_the_server_exports():
+    class Scheduler:
+        num_drafts, num_draft_tokens, num_accepted_tokens = 3, 12, 7
+
+    assert speculation_counters(Scheduler()) == {"vllm:spec_decode_num_drafts": 3.0,
+                                                 "vllm:spec_decode_num_draft_tokens": 12.0,
+                                                 "vllm:spec_decode_num_accepted_tokens": 7.0}

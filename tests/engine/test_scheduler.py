@@ -429,6 +429,29 @@ def test_paced_chunks_deep_in_a_prompt_take_fewer_tokens_for_the_same_time():
     free_all(s)
 
 
+@pytest.mark.parametrize("policy", ["shortest-prompt", "fcfs"])
+def test_a_short_prompt_starts_before_an_earlier_long_one_once_prefill_is_measured(policy):
+    s = chunked(max_batch_prefill_tokens=256, prefill_step_target_ms=100, scheduling_policy=policy)
+    a = make_seq(10, 50)
+    s.add(a)
+    run(s, s.schedule())  # a decodes from now on
+    long, short = make_seq(90, 4), make_seq(20, 4)
+    s.add(long)
+    s.add(short)
+    plan = s.schedule()  # nothing measured yet: arrival order
+    assert prefills(plan) == [long.request_id, short.request_id]
+    s.finish(long)
+    s.finish(short)
+    long, short = make_seq(90, 4), make_seq(20, 4)
+    s.add(long)
+    s.add(short)
+    s.pacer.seconds_per_token = 0.001  # measured: 90 tokens fit the 100 ms
+    plan = s.schedule()
+    order = [short, long] if policy == "shortest-prompt" else [long, short]
+    assert prefills(plan) == [seq.request_id for seq in order]
+    free_all(s)
+
+
 def test_twin_prompts_wait_for_the_first_prefill_then_find_it_cached():
     s = chunked(max_batch_prefill_tokens=64)
     prompt = list(range(700, 800))  # 100 tokens: two 64-token steps

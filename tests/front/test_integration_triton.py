@@ -187,6 +187,23 @@ def test_api_key(stack: Stack, default_model_dir: Path, tmp_path: Path) -> None:
         stop(proc)
 
 
+def test_openai_takes_vllms_extra_sampling_fields(stack: Stack) -> None:
+    client = openai.OpenAI(base_url=f"{stack.front}/v1", api_key="-", max_retries=0)
+    short = [{"role": "user", "content": "Say OK."}]
+    greedy = client.chat.completions.create(model="m", messages=short, max_tokens=40, temperature=0)
+    assert greedy.usage.completion_tokens < 40  # the model ends its answer itself...
+    for extra in ({"ignore_eos": True}, {"min_tokens": 40}):  # ...unless told to go on
+        reply = client.chat.completions.create(model="m", messages=short, max_tokens=40, temperature=0,
+                                               extra_body=extra | {"speculate": 0})
+        assert reply.usage.completion_tokens == 40 and reply.choices[0].finish_reason == "length"
+        assert reply.choices[0].message.content.startswith(greedy.choices[0].message.content)
+    top1 = client.chat.completions.create(model="m", messages=short, max_tokens=40, temperature=1.5, seed=3,
+                                          extra_body={"top_k": 1})
+    assert top1.choices[0].message.content == greedy.choices[0].message.content  # one candidate: the argmax
+    with pytest.raises(openai.BadRequestError, match="min_tokens"):
+        client.chat.completions.create(model="m", messages=short, max_tokens=4, extra_body={"min_tokens": 5})
+
+
 def test_seed_round_trips_and_repeats(stack: Stack) -> None:
     from huggingface_hub import InferenceClient
 

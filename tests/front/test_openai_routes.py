@@ -61,6 +61,25 @@ def test_chat_sampling_parameters_map_to_tgi(live: LiveServer) -> None:
     assert params["frequency_penalty"] == 0.5 and params["presence_penalty"] == 0.25
 
 
+def test_vllms_extensions_map_to_tgi(live: LiveServer) -> None:
+    sdk(live).chat.completions.create(
+        model="tgi", messages=MESSAGES, max_completion_tokens=6, temperature=0,
+        extra_body={"top_k": 5, "min_tokens": 4, "ignore_eos": True, "speculate": 0},
+    )
+    params = live.fake.specs[-1].parameters
+    assert params["top_k"] == 5 and params["min_new_tokens"] == 4 and params["max_new_tokens"] == 6
+    assert params["ignore_eos"] is True and params["speculate"] == 0
+    sdk(live).completions.create(model="tgi", prompt="a", max_tokens=2, extra_body={"top_k": -1})
+    assert "top_k" not in live.fake.specs[-1].parameters  # vLLM's "every token"
+
+
+@pytest.mark.parametrize("min_tokens", [-1, 9])
+def test_min_tokens_out_of_range_is_400_naming_it(client: TestClient, fake: FakeTritonClient, min_tokens) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 8, "min_tokens": min_tokens})
+    assert r.status_code == 400 and "`min_tokens` must be >= 0 and <= `max_tokens` (8)" in r.text, r.text
+    assert fake.specs == []
+
+
 def test_stop_sequence_and_eos_finish_as_stop(live: LiveServer) -> None:
     client = sdk(live)
     reply = client.chat.completions.create(model="tgi", messages=MESSAGES, max_tokens=5, stop="w1", temperature=0)

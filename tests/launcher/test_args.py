@@ -46,6 +46,13 @@ def test_prefix_caching_and_chunking_default_on_and_turn_off_by_flag_or_env():
     assert params["prefix_caching"] == "False" and params["prefill_chunking"] == "True"
 
 
+def test_scheduling_policy_by_flag_or_env_reaches_the_model_and_only_known_ones_pass():
+    assert parse_args([], {}).scheduling_policy == "shortest-prompt"
+    assert model_parameters(check([], {"SCHEDULING_POLICY": "fcfs"}), "/m")["scheduling_policy"] == "fcfs"
+    with pytest.raises(SystemExit):
+        parse_args(["--scheduling-policy", "lifo"], {})
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

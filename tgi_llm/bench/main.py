@@ -200,10 +200,11 @@ class Bench:
                     self.floor.sample(self.args.floor_reps - self.args.floor_reps // 2, "after")
 
     def run_server(self, load: LoadSpec, requests: list[BenchRequest]) -> SystemRun:
-        from tgi_llm.bench.server_metrics import read_forward_totals
+        from tgi_llm.bench.server_metrics import SPECULATION_COUNTERS, read_counters, read_forward_totals
 
         target = self.target
         before = read_forward_totals(target.metrics_url) if target.metrics_url else None
+        counters_before = read_counters(target.metrics_url, SPECULATION_COUNTERS) if target.metrics_url else None
         records, wall = run_load(self.server_client(), requests, load, self.args.progress,
                                  f"{target.system} c={load.concurrency}")
         if any(r.error and r.error.startswith("not finished") for r in records):
@@ -211,20 +212,27 @@ class Bench:
         if target.metrics_url:
             time.sleep(0.3)  # the server's responder publishes step timings every 100 ms
         after = read_forward_totals(target.metrics_url) if target.metrics_url else None
+        counters_after = read_counters(target.metrics_url, SPECULATION_COUNTERS) if target.metrics_url else None
         steps = after.minus(before) if before and after else None
+        gained = ({k: counters_after[k] - counters_before[k] for k in SPECULATION_COUNTERS}
+                  if counters_before and counters_after else None)
         return SystemRun(summarize(target.system, records, wall, load.concurrency, load.request_rate),
-                         server_steps=steps, ttft_by_request=_ttfts(records))
+                         server_steps=steps, ttft_by_request=_ttfts(records), server_counters=gained)
 
     def run_engine(self, llm: Any, load: LoadSpec, requests: list[BenchRequest]) -> SystemRun:
         from tgi_llm.bench.clients import EngineClient
+        from tgi_llm.bench.server_metrics import speculation_counters
         from tgi_llm.bench.steps import StepCollector, group_steps
 
         llm.engine.drain_step_stats()
+        before = speculation_counters(llm.engine.scheduler)
         with StepCollector(llm.engine.drain_step_stats) as collected:
             records, wall = run_load(EngineClient(llm, self.args.ignore_eos), requests, load, self.args.progress,
                                      f"engine c={load.concurrency}")
+        after = speculation_counters(llm.engine.scheduler)
         return SystemRun(summarize(ENGINE, records, wall, load.concurrency, load.request_rate),
-                         engine_steps=group_steps(collected.steps), ttft_by_request=_ttfts(records))
+                         engine_steps=group_steps(collected.steps), ttft_by_request=_ttfts(records),
+                         server_counters={k: after[k] - before[k] for k in after})
 
     def warm_up(self, llm: Any) -> None:
         """Short requests through each path, unmeasured, at the highest concurrency of the run: first calls

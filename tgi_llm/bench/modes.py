@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from tgi_llm.bench.results import TRITON_GRPC, BenchResults, Comparison, SystemRun
+from tgi_llm.bench.server_metrics import SPECULATION_COUNTERS
 from tgi_llm.bench.stats import Distribution, summarize
 from tgi_llm.bench.targets import _judge, _ratio
 
 #: The launcher flag that turns each feature off.
 OFF_FLAGS = {"prefix-caching": "--no-prefix-caching", "prefill-chunking": "--no-prefill-chunking"}
-COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+COUNTERS = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", *SPECULATION_COUNTERS)
 
 
 def mode_system(feature: str, mode: str) -> str:

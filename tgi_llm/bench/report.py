@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 from tgi_llm.bench.results import ENGINE, BenchResults, Comparison, SystemRun
+from tgi_llm.bench.server_metrics import acceptance
 from tgi_llm.bench.stats import Distribution
 from tgi_llm.bench.steps import forward_totals
 
@@ -45,8 +46,9 @@ def _num(value: float | None, fmt: str = ".1f") -> str:
 def _runs_table(runs: list[SystemRun]) -> list[str]:
     lines = [
         "| system | concurrency | rate req/s | ok / all | wall s | output tok/s | req/s "
-        "| TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | TPOT p50 ms | e2e p50 / p90 / p99 s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TTFT p50 / p90 / p99 ms | ITL p50 / p90 / p99 ms | TPOT p50 ms | e2e p50 / p90 / p99 s "
+        "| guesses accepted |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         s = run.summary
@@ -54,9 +56,16 @@ def _runs_table(runs: list[SystemRun]) -> list[str]:
         lines.append(
             f"| {s.system} | {conc} | {_num(s.request_rate, '.2f')} | {s.completed} / {s.num_requests} "
             f"| {s.wall_s:.1f} | {_num(s.output_tokens_per_s)} | {_num(s.requests_per_s, '.2f')} | {_ms(s.ttft_s)} "
-            f"| {_ms(s.itl_s)} | {_num(s.tpot_s.p50 * 1e3 if s.tpot_s.count else None)} | {_ms(s.e2e_s, 1, 2)} |"
+            f"| {_ms(s.itl_s)} | {_num(s.tpot_s.p50 * 1e3 if s.tpot_s.count else None)} | {_ms(s.e2e_s, 1, 2)} "
+            f"| {_accepted(run)} |"
         )
     return lines
+
+
+def _accepted(run: SystemRun) -> str:
+    """Speculation's acceptance rate in the run, with how many guessed tokens it is over."""
+    rate = acceptance(run.server_counters)
+    return "-" if rate is None else f"{rate[1]:.0%} of {rate[0]:,.0f}"
 
 
 def _comparisons_table(comparisons: list[Comparison]) -> list[str]:

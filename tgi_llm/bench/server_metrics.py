@@ -8,6 +8,10 @@ import re
 import urllib.request
 from dataclasses import dataclass
 
+#: vLLM's speculative-decoding counters, as the server exports them: verify steps, guessed and accepted tokens.
+SPECULATION_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                        "vllm:spec_decode_num_accepted_tokens")
+
 _LINE = re.compile(r'^tgi_batch_forward_duration_(sum|count)\{[^}]*method="(\w+)"[^}]*\} (\S+)$')
 
 
@@ -58,3 +62,18 @@ def read_forward_totals(metrics_url: str) -> ForwardTotals | None:
             return parse_forward_totals(r.read().decode())
     except OSError:
         return None
+
+
+def speculation_counters(scheduler: object) -> dict[str, float]:
+    """The in-process engine's speculation counters under the names the server exports them by."""
+    values = (scheduler.num_drafts, scheduler.num_draft_tokens, scheduler.num_accepted_tokens)
+    return dict(zip(SPECULATION_COUNTERS, map(float, values), strict=True))
+
+
+def acceptance(counters: dict[str, float] | None) -> tuple[float, float] | None:
+    """(draft tokens verified, the fraction of them accepted) from counters gained in a run; None when the
+    run guessed nothing or the counters could not be read."""
+    drafted = (counters or {}).get(SPECULATION_COUNTERS[1], 0.0)
+    if drafted <= 0:
+        return None
+    return drafted, counters.get(SPECULATION_COUNTERS[2], 0.0) / drafted

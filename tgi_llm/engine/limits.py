@@ -17,6 +17,9 @@ CPU_STEP_TOKENS = 512
 #: 300 ms bounds a stream's wait while a prompt prefills; 400 ms made a prompt-carrying step several
 #: times the median token wait at 32 streams (docs/PERFORMANCE.md, "What limits each number now").
 CPU_STEP_TARGET_MS = 300
+#: --scheduling-policy: the order waiting requests are admitted in (queue_order.py).
+FCFS, SHORTEST_PROMPT = "fcfs", "shortest-prompt"
+SCHEDULING_POLICIES = (SHORTEST_PROMPT, FCFS)
 #: More guessed tokens per step than this only add rows: a guess's chance of surviving falls with each.
 MAX_SPECULATE = 16
 
@@ -56,6 +59,8 @@ class LimitOptions:
     #: Tokens each decode may guess and verify in one step (TGI's --speculate; env SPECULATE); 0: off. The
     #: server's default is speculation.policy.SERVED_SPECULATE; the Python API asks for it.
     speculate: int = 0
+    #: With chunking, which waiting request is admitted next (vLLM's --scheduling-policy; queue_order.py).
+    scheduling_policy: str = SHORTEST_PROMPT
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class Limits:
     prefill_chunking: bool = True
     prefill_step_target_ms: int | None = None  # None: no pacing
     speculate: int = 0
+    scheduling_policy: str = SHORTEST_PROMPT
 
     @property
     def num_blocks(self) -> int:
@@ -104,6 +110,8 @@ def check_static_limits(opts: LimitOptions) -> None:
     for name in ("max_concurrent_requests", "max_waiting_tokens", "block_size"):
         if getattr(opts, name) <= 0:
             _fail(f"`{name}` must be > 0. Given: {getattr(opts, name)}")
+    if opts.scheduling_policy not in SCHEDULING_POLICIES:
+        _fail(f"`scheduling_policy` must be one of {', '.join(SCHEDULING_POLICIES)}. Given: {opts.scheduling_policy}")
     if opts.prefill_step_target_ms is not None and opts.prefill_step_target_ms < 0:
         _fail(f"`prefill_step_target_ms` must be >= 0. Given: {opts.prefill_step_target_ms}")
     if not 0 <= opts.speculate <= MAX_SPECULATE:

@@ -6,8 +6,9 @@ blocks already in the prefix cache reused (kv_cache_manager.py). Two admission p
 
 - chunked prefill (default, TGI v3 with chunking): each step has a token budget
   (`max_batch_prefill_tokens`). Running decodes come first (one token each), then prompts still being
-  prefilled, then waiting requests in FIFO order, each cut to what remains of the budget and continued
-  in the next step. Waiting requests join at every step while the budget, the KV blocks and
+  prefilled, then waiting requests in the order of `--scheduling-policy` (queue_order.py: the shortest
+  prompt first, aged, once prefill's cost is measured; or arrival), each cut to what remains of the
+  budget and continued in the next step. Waiting requests join at every step while the budget, the KV blocks and
   `max_batch_size` allow (TGI v3 ignores waiting_served_ratio and max_waiting_tokens when chunking).
 - whole prompts (PREFILL_CHUNKING=0): TGI v3's `next_batch`. A prompt is prefilled in one step; while a
   batch runs, new requests join only when enough are waiting (`waiting_served_ratio`) or the queue has
@@ -30,6 +31,7 @@ from collections.abc import Sequence as Seq
 from tgi_llm.engine.kv_cache_manager import KVCacheManager
 from tgi_llm.engine.limits import Limits
 from tgi_llm.engine.pacing import StepPacer
+from tgi_llm.engine.queue_order import admission_order
 from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sequence import Sequence, SequenceStatus
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
@@ -93,14 +95,14 @@ class Scheduler:
         # choices and best_of sequences (sent at once) compute their shared prompt once.
         worth = 2 * lim.block_size  # a shorter prefill is not worth waiting for
         twins = {s.prompt_key for s in prefills if s.num_pending > worth} if self.kv.enable_prefix_caching else set()
-        deferred: list[Sequence] = []
-        while self.waiting and not budget.exhausted:
-            if lim.max_batch_size is not None and len(self.running) >= lim.max_batch_size:
+        if budget.exhausted:
+            return entries
+        order = admission_order(self.waiting, lim.scheduling_policy, self.pacer.seconds_per_token, time.monotonic())
+        for seq in order:
+            if budget.exhausted or (lim.max_batch_size is not None and len(self.running) >= lim.max_batch_size):
                 break
-            seq = self.waiting[0]
             if seq.prompt_key in twins and seq.cache_lookup:
-                deferred.append(self.waiting.popleft())
-                continue
+                continue  # stays in the queue, in its place
             if not self._admit(seq):
                 logger.debug("not enough free KV blocks for request %d", seq.request_id)
                 break
@@ -108,7 +110,6 @@ class Scheduler:
                 twins.add(seq.prompt_key)
             if n := budget.take(seq.num_computed, seq.num_pending):  # 0: admitted, its chunk comes next step
                 entries.append(self._entry(seq, n))
-        self.waiting.extendleft(reversed(deferred))  # in their order, at the front
         return entries
 
     def _schedule_whole(self) -> list[ScheduledSeq]:
@@ -170,12 +171,15 @@ class Scheduler:
         return batch
 
     def _admit(self, seq: Sequence) -> bool:
-        """Take the head of the queue into the running batch with its KV blocks; False if they don't fit."""
+        """Take `seq` from the queue into the running batch with its KV blocks; False if they don't fit."""
         # The last generated token is never fed back, so its K/V needs no slot.
         cached = self.kv.allocate(seq, seq.max_tokens - 1)
         if cached is None:
             return False
-        self.waiting.popleft()
+        if self.waiting[0] is seq:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(seq)  # by identity (Sequence compares as an object)
         seq.num_computed = seq.num_cached = cached
         seq.status = SequenceStatus.RUNNING
         seq.admitted_at = time.monotonic()

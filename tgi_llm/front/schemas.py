@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
+from tgi_llm.front.errors import FrontError
+
 # ---------------------------------------------------------------- TGI
 
 
@@ -202,9 +204,17 @@ class SamplingRequest(BaseModel):
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
     repetition_penalty: float | None = None  # TGI's extension
+    # vLLM's extensions to OpenAI's fields, which its users send (the TGI route has them as parameters).
+    top_k: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    speculate: int | None = None  # TGI's per-request override of --speculate
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens
 
     def to_engine(self) -> dict[str, Any]:
         """TGI's mapping: temperature 0 means greedy, any other (or none) samples."""
@@ -215,12 +225,20 @@ class SamplingRequest(BaseModel):
             params["do_sample"] = True
             if self.temperature is not None:
                 params["temperature"] = self.temperature
-        for name in ("top_p", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty"):
+        for name in ("top_p", "seed", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                     "ignore_eos", "speculate"):
             value = getattr(self, name)
             if value is not None:
                 params[name] = value
-        if self.max_tokens is not None:
-            params["max_new_tokens"] = self.max_tokens
+        if (max_tokens := self.max_new_tokens()) is not None:
+            params["max_new_tokens"] = max_tokens
+        if self.top_k not in (None, 0, -1):  # vLLM's 0 and -1: every token, as leaving it out
+            params["top_k"] = self.top_k
+        if self.min_tokens:
+            if self.min_tokens < 0 or (max_tokens is not None and self.min_tokens > max_tokens):
+                raise FrontError(f"`min_tokens` must be >= 0 and <= `max_tokens` ({max_tokens}). "
+                                 f"Given: {self.min_tokens}", "validation")
+            params["min_new_tokens"] = self.min_tokens
         if self.stop:
             params["stop"] = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return params
@@ -237,10 +255,11 @@ class ChatRequest(SamplingRequest):
     response_format: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # e.g. Qwen3's and SmolLM3's `enable_thinking`
 
+    def max_new_tokens(self) -> int | None:
+        return self.max_tokens if self.max_tokens is not None else self.max_completion_tokens
+
     def to_engine(self) -> dict[str, Any]:
         params = super().to_engine()
-        if self.max_tokens is None and self.max_completion_tokens is not None:
-            params["max_new_tokens"] = self.max_completion_tokens
         if self.logprobs:
             params["details"] = True
             if self.top_logprobs:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tgi_llm.engine.limits import SCHEDULING_POLICIES, SHORTEST_PROMPT
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.speculation.policy import SERVED_SPECULATE
 
@@ -79,6 +80,9 @@ FLAGS: list[Flag] = [
          help="With chunking, while streams decode, a step takes only the prompt tokens that fit this many ms "
               "(measured cost per token), so no stream waits longer for its next token (default: 300 on the "
               "CPU, off on GPUs; 0 turns it off)"),
+    Flag("scheduling_policy", default=SHORTEST_PROMPT, choices=SCHEDULING_POLICIES,
+         help="With chunking, which waiting request starts next: the shortest prompt first, a request that "
+              "waited longer than its own prefill time never overtaken (default), or fcfs (arrival order)"),
     Flag("prefill_chunking", switch=True, default=True, negatable=True,
          help="Split long prompts across steps within --max-batch-prefill-tokens, so running streams never "
               "stall for a whole prompt (TGI v3); --no-prefill-chunking prefills each prompt in one step"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
+from tgi_llm.engine.limits import SHORTEST_PROMPT
 from tgi_llm.speculation.policy import SERVED_SPECULATE
 
 MODEL_NAME = "tgi_llm"
@@ -103,6 +104,7 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "prefix_caching": "true",
     "prefill_chunking": "true",
     "prefill_step_target_ms": "",
+    "scheduling_policy": SHORTEST_PROMPT,
     "speculate": str(SERVED_SPECULATE),
     "speculative_model": "",
     "json_output": "false",
