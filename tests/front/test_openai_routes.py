@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from tests.front.conftest import LiveServer
+from tests.front.conftest import MODEL_ID, LiveServer
 from tests.front.fake_client import FakeTritonClient
+from tgi_llm.front.app import create_app
+from tgi_llm.front.config import FrontConfig
 
 openai = pytest.importorskip("openai")
 
@@ -211,3 +214,34 @@ def test_booleans_and_floats_are_no_token_ids(client: TestClient, fake: FakeTrit
     r = client.post("/v1/completions", json={"prompt": prompt, "max_tokens": 1})
     assert r.status_code == 400 and "prompt" in r.json()["error"]["message"], r.text
     assert fake.specs == []
+
+
+class PairingClient(FakeTritonClient):
+    """Two tokens per response, as a step that accepted a guessed token sends them."""
+
+    async def stream(self, spec, request_id):
+        held = None
+        async for chunk in super().stream(spec, request_id):
+            if held is None and not chunk.final:
+                held = chunk
+                continue
+            if held is not None:
+                chunk = replace(chunk, text=held.text + chunk.text, tokens=held.tokens + chunk.tokens,
+                                top_tokens=held.top_tokens + chunk.top_tokens)
+                held = None
+            yield chunk
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/completions", {"prompt": "a", "logprobs": 1}),
+    ("/v1/chat/completions", {"messages": MESSAGES, "logprobs": True}),
+])
+def test_a_response_of_several_tokens_streams_as_one_event_per_token(front_tokenizer, route, body) -> None:
+    app = create_app(FrontConfig(model_id=MODEL_ID), PairingClient(), front_tokenizer)
+    with TestClient(app) as client:
+        text = client.post(route, json=body | {"max_tokens": 5, "stream": True}).text
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    choices = [e["choices"][0] for e in events if e["choices"]]
+    pieces = [c.get("text", c.get("delta", {}).get("content")) for c in choices]
+    assert pieces == [" w0", " w1", " w2", " w3", " w4"]
+    assert [c["finish_reason"] for c in choices] == [None] * 4 + ["length"]

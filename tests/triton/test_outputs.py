@@ -26,11 +26,19 @@ def strings(array: np.ndarray) -> list[str]:
 
 def test_streamed_token_is_its_delta_only_unless_details():
     event = TokenEvent(1, 0, token(10, " a"))
-    assert set(out.token_outputs(event)) == {out.TEXT}
-    assert strings(out.token_outputs(event, prefix="Q:")[out.TEXT]) == ["Q: a"]
-    detailed = out.token_outputs(event, details=True)
+    assert set(out.token_outputs([event])) == {out.TEXT}
+    assert strings(out.token_outputs([event], prefix="Q:")[out.TEXT]) == ["Q: a"]
+    detailed = out.token_outputs([event], details=True)
     assert detailed[out.TOKEN_IDS].tolist() == [10]
     assert detailed[out.TOKEN_LOGPROBS].dtype == np.float32
+
+
+def test_a_steps_several_tokens_are_one_delta_with_an_entry_per_token():
+    events = [TokenEvent(1, 0, token(10, " a"), [token(10, " a")]), TokenEvent(1, 1, token(11, " b"))]
+    assert strings(out.token_outputs(events)[out.TEXT]) == [" a b"]
+    detailed = out.token_outputs(events, details=True)
+    assert detailed[out.TOKEN_IDS].tolist() == [10, 11] and strings(detailed[out.TOKEN_TEXTS]) == [" a", " b"]
+    assert detailed[out.TOP_IDS].tolist() == [[10], [out.PAD_ID]]  # a row per token, padded where none
 
 
 def test_non_streaming_final_has_the_whole_text_and_counts():
@@ -54,7 +62,7 @@ def test_non_streaming_details_shape_as_tgi():
 
 def test_streaming_final_carries_the_last_token_delta_not_the_whole_text():
     last = TokenEvent(1, 1, token(11, " b"))
-    o = out.final_outputs(FINAL, stream=True, details=False, last=last)
+    o = out.final_outputs(FINAL, stream=True, details=False, last=[last])
     assert strings(o[out.TEXT]) == [" b"]
     assert strings(o[out.FINISH_REASON]) == ["length"]
     # When the last token already went out, the final response adds no text.

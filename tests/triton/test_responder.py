@@ -41,16 +41,36 @@ def test_final_that_comes_apart_from_its_last_token_adds_an_empty_final_response
     sender = FakeSender()
     responder.register(1, Live(sender, stream=True, details=False))
     emit = responder.callback(1)
-    emit(tok(0, "a"))
-    emit(tok(1, "b"))
-    while len(sender.responses) < 2:  # both tokens out before the final arrives
-        time.sleep(0.001)
+    for i, text in enumerate("ab"):
+        emit(tok(i, text))
+        while len(sender.responses) < i + 1:  # each token out before the next (and the final) arrives
+            time.sleep(0.001)
     emit(final(2, "ab"))
     assert sender.done.wait(WAIT)
     responder.stop()
     assert [r.text() for r in sender.responses] == ["a", "b", ""]
     assert [r.final for r in sender.responses] == [False, False, True]
     assert sender.responses[-1].outputs["finish_reason"][0] == b"eos_token"
+
+
+def test_a_steps_tokens_go_out_as_one_response_and_the_last_ones_with_the_final():
+    responder = Responder(FakeApi(), poll_interval_s=0.005)
+    sender = FakeSender()
+    responder.register(1, Live(sender, stream=True, details=True))
+    emit = responder.callback(1)
+    for i, text in enumerate("abc"):  # queued before the thread starts: one batch, as a step's tokens are
+        emit(tok(i, text))
+    responder.start()
+    while not sender.responses:
+        time.sleep(0.001)
+    emit(tok(3, "d"))
+    emit(TokenEvent(1, 4, Token(104, "e", -0.1), last=True))
+    emit(final(5, "abcde"))
+    assert sender.done.wait(WAIT)
+    responder.stop()
+    assert [r.text() for r in sender.responses] == ["abc", "de"]
+    assert sender.responses[0].outputs["token_ids"].tolist() == [100, 101, 102]
+    assert [r.final for r in sender.responses] == [False, True]
 
 
 def test_tokens_already_generated_go_out_before_an_error():

@@ -319,18 +319,22 @@ def build_router(state: FrontState) -> APIRouter:
             item: tuple[int, Chunk] | None = first
             while item is not None:
                 i, chunk = item
-                text = chunk.text
-                if req.echo and i not in echoed:
-                    echoed.add(i)
-                    text = texts[i] + text
                 finish = openai_finish_reason(chunk.finish_reason or "length") if chunk.final else None
-                logprobs = None
-                if req.logprobs is not None and chunk.tokens:
-                    logprobs = completion_logprobs([], chunk.tokens, chunk.top_tokens, offsets[i])
-                    offsets[i] += sum(len(t.text) for t in chunk.tokens)
-                if text or finish:
-                    choice = CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=finish)
-                    yield event(Completion(**stamp.fields, choices=[choice]).model_dump(exclude={"usage"}))
+                # One event per token, as a step's several accepted tokens arrive together.
+                pieces = ([(t.text, [t], chunk.top_tokens[k:k + 1]) for k, t in enumerate(chunk.tokens)]
+                          if len(chunk.tokens) > 1 else [(chunk.text, chunk.tokens, chunk.top_tokens)])
+                for k, (text, tokens, tops) in enumerate(pieces):
+                    if req.echo and i not in echoed:
+                        echoed.add(i)
+                        text = texts[i] + text
+                    logprobs = None
+                    if req.logprobs is not None and tokens:
+                        logprobs = completion_logprobs([], tokens, tops, offsets[i])
+                        offsets[i] += sum(len(t.text) for t in tokens)
+                    ends = finish if k == len(pieces) - 1 else None
+                    if text or ends:
+                        choice = CompletionChoice(index=i, text=text, logprobs=logprobs, finish_reason=ends)
+                        yield event(Completion(**stamp.fields, choices=[choice]).model_dump(exclude={"usage"}))
                 if chunk.final:
                     usage[0] += chunk.input_tokens or 0
                     usage[1] += chunk.generated_tokens or 0

@@ -1,7 +1,9 @@
 """Engine events -> output tensors (as numpy arrays by name), named as Triton's vLLM/TRT-LLM models do.
 
-`text_output` is the text delta of one token when streaming and the whole text otherwise; the
-final response also carries `finish_reason` and the token counts. Token ids, logprobs and top
+`text_output` is the text delta of a step's tokens when streaming (one token, or several a step accepted
+by speculation: the responder sends what one step made for a request as one response, as Triton's vLLM
+and TensorRT-LLM backends do) and the whole text otherwise; the final response also carries
+`finish_reason` and the token counts. Token ids, logprobs and top
 tokens (TGI's `details`) are sent only when the request asked for them.
 """
 
@@ -79,25 +81,26 @@ def _prefill(tokens: Sequence[PrefillToken]) -> Outputs:
     } | _top_tokens([t.top for t in tokens[1:]], (PREFILL_TOP_IDS, PREFILL_TOP_TEXTS, PREFILL_TOP_LOGPROBS))
 
 
-def token_outputs(event: TokenEvent, prefix: str = "", details: bool = False) -> Outputs:
-    """One streamed token: its text delta (after `prefix`, the prompt when return_full_text)."""
-    out: Outputs = {TEXT: _strings([prefix + event.token.text])}
+def token_outputs(events: Sequence[TokenEvent], prefix: str = "", details: bool = False) -> Outputs:
+    """Streamed tokens, in order: their text deltas as one (after `prefix`, the prompt when
+    return_full_text) and, with details, one entry per token."""
+    out: Outputs = {TEXT: _strings([prefix + "".join(e.token.text for e in events)])}
     if details:
-        out |= _tokens([event.token])
-        if event.top_tokens:
-            out |= _top_tokens([event.top_tokens])
+        out |= _tokens([e.token for e in events])
+        if any(e.top_tokens for e in events):
+            out |= _top_tokens([e.top_tokens for e in events])
     return out
 
 
-def final_outputs(final: FinalEvent, stream: bool, details: bool, last: TokenEvent | None = None,
+def final_outputs(final: FinalEvent, stream: bool, details: bool, last: Sequence[TokenEvent] = (),
                   prefix: str = "") -> Outputs:
     """The last response of a request that finished.
 
-    Streaming: `last` is its last token (sent in this same response, so one response per token),
-    or None when that token already went out. Not streaming: the whole text and every token.
+    Streaming: `last` are its tokens not sent yet (the last step's, sent in this same response).
+    Not streaming: the whole text and every token.
     """
     if stream:
-        out = token_outputs(last, prefix, details) if last is not None else {TEXT: _strings([prefix])}
+        out = token_outputs(last, prefix, details)
     else:
         out = {TEXT: _strings([final.generated_text])}
         if details:

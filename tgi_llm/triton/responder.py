@@ -91,7 +91,7 @@ class Responder:
         self._poll_interval_s = poll_interval_s
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._live: dict[int, Live] = {}
-        self._held: dict[int, TokenEvent] = {}
+        self._held: dict[int, list[TokenEvent]] = {}
         self._thread: threading.Thread | None = None
 
     # ---- any thread ----
@@ -159,8 +159,9 @@ class Responder:
                 return items
 
     def _handle(self, items: list[Any]) -> None:
-        # Each request's newest token, sent with its final if one follows. A token flagged `last` waits
-        # for its FinalEvent even across batches, so the final response always carries the last token.
+        # Each request's tokens of this batch (a step's, or several steps' when this thread fell behind)
+        # go out as one response, with its final if one follows. A token flagged `last` waits for its
+        # FinalEvent even across batches, so the final response always carries the last tokens.
         held = self._held
         for item in items:
             if isinstance(item, _Event):
@@ -174,24 +175,21 @@ class Responder:
                 self._record(lambda m: m.request_received())
                 self._record(lambda m, e=item.error: m.request_failed(e))
                 self._guard(self._api.send, item.sender, None, item.error, True)
-        for key, event in list(held.items()):
-            if not event.last:
+        for key, events in list(held.items()):
+            if not events[-1].last:
                 del held[key]
-                self._guard(self._send_token, key, event)
+                self._guard(self._send_tokens, key, events)
 
-    def _on_event(self, key: int, event: Event, held: dict[int, TokenEvent]) -> None:
+    def _on_event(self, key: int, event: Event, held: dict[int, list[TokenEvent]]) -> None:
         live = self._live.get(key)
         if live is None:
             logger.warning("event for unknown request %d dropped: %s", key, type(event).__name__)
             return
         if isinstance(event, TokenEvent):
             if live.stream:
-                previous = held.pop(key, None)
-                if previous is not None:
-                    self._send_token(key, previous)
-                held[key] = event
+                held.setdefault(key, []).append(event)
         elif isinstance(event, FinalEvent):
-            last = held.pop(key, None)
+            last = held.pop(key, [])
             try:
                 outputs = final_outputs(event, live.stream, live.details, last, self._take_prefix(live))
             except Exception as exc:  # still one final response, as an error
@@ -205,23 +203,23 @@ class Responder:
         elif isinstance(event, ErrorEvent):
             self._finish_error(key, event.error, held.pop(key, None))
 
-    def _send_token(self, key: int, event: TokenEvent) -> None:
+    def _send_tokens(self, key: int, events: list[TokenEvent]) -> None:
         live = self._live.get(key)
         if live is not None:
-            self._api.send(live.sender, token_outputs(event, self._take_prefix(live), live.details), None, False)
+            self._api.send(live.sender, token_outputs(events, self._take_prefix(live), live.details), None, False)
 
     @staticmethod
     def _take_prefix(live: Live) -> str:
         prefix, live.prefix = live.prefix, ""
         return prefix
 
-    def _finish_error(self, key: int, error: BaseException, last: TokenEvent | None) -> None:
+    def _finish_error(self, key: int, error: BaseException, last: list[TokenEvent] | None) -> None:
         live = self._live.get(key)
         if live is None:
             return
         last = last or self._held.pop(key, None)
-        if last is not None:
-            self._send_token(key, last)  # text generated before the error still reaches the client
+        if last:
+            self._send_tokens(key, last)  # text generated before the error still reaches the client
         del self._live[key]
         self._record(lambda m: m.request_failed(error))
         self._api.send(live.sender, None, error, True)
