@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 #: --speculate as the launcher and the model repository serve it: no workload measured lost by it, input-
-#: grounded ones gained 1.8x (docs/PERFORMANCE.md). LimitOptions (the Python API) leaves it off.
+#: grounded ones gained most (docs/PERFORMANCE.md). LimitOptions (the Python API) leaves it off.
 SERVED_SPECULATE = 4
 #: Before any measurement: an extra row costs this fraction of a one-row step.
 PRIOR_ROW_COST = 1.0 / 8.0

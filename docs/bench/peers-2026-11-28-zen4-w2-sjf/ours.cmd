@@ -1,0 +1,1 @@
+cd '/work/main' && exec bash scripts/serve.sh 
