@@ -26,7 +26,8 @@ def strings(array: np.ndarray) -> list[str]:
 
 def test_streamed_token_is_its_delta_only_unless_details():
     event = TokenEvent(1, 0, token(10, " a"))
-    assert set(out.token_outputs([event])) == {out.TEXT}
+    assert set(out.token_outputs([event])) == {out.TEXT, out.NUM_OUTPUT}
+    assert out.token_outputs([event])[out.NUM_OUTPUT].tolist() == [1]  # generated so far
     assert strings(out.token_outputs([event], prefix="Q:")[out.TEXT]) == ["Q: a"]
     detailed = out.token_outputs([event], details=True)
     assert detailed[out.TOKEN_IDS].tolist() == [10]

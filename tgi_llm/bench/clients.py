@@ -121,7 +121,7 @@ class GrpcStreamClient:
                 return
             response = result.get_response()
             if any(o.name == "text_output" for o in response.outputs):
-                record.token_times.append(now)
+                _arrived(record, now, _first_int(result.as_numpy("num_output_tokens")))
                 record.text += result.as_numpy("text_output").reshape(-1)[0].decode("utf-8", errors="replace")
             if response.parameters["triton_final_response"].bool_param:
                 record.reported_output_tokens = _first_int(result.as_numpy("num_output_tokens"))
@@ -199,7 +199,7 @@ class HttpStreamClient:
                     record.error = str(event["error"])
                     return
                 if "text_output" in event:
-                    record.token_times.append(now)
+                    _arrived(record, now, _first_int(event.get("num_output_tokens")))
                     record.text += event["text_output"]
                 if "finish_reason" in event:
                     record.reported_output_tokens = _first_int(event.get("num_output_tokens"))
@@ -260,6 +260,13 @@ class EngineClient:
             for handle in self._handles:
                 handle.cancel()  # a no-op for requests that already ended
         self._handles.clear()
+
+
+def _arrived(record: RequestRecord, now: float, generated: int | None) -> None:
+    """A streamed response: every token it carries (a step's several, with speculation) arrived now. The
+    response says how many tokens were generated so far; a response without the count carries one."""
+    count = generated - len(record.token_times) if generated is not None else 1
+    record.token_times.extend([now] * max(count, 0))
 
 
 def _first_int(value: Any) -> int | None:

@@ -83,8 +83,10 @@ def _prefill(tokens: Sequence[PrefillToken]) -> Outputs:
 
 def token_outputs(events: Sequence[TokenEvent], prefix: str = "", details: bool = False) -> Outputs:
     """Streamed tokens, in order: their text deltas as one (after `prefix`, the prompt when
-    return_full_text) and, with details, one entry per token."""
+    return_full_text), the count of tokens generated so far and, with details, one entry per token."""
     out: Outputs = {TEXT: _strings([prefix + "".join(e.token.text for e in events)])}
+    if events:  # tokens generated so far: a client learns how many this response carries
+        out[NUM_OUTPUT] = np.array([events[-1].index + 1], dtype=np.uint32)
     if details:
         out |= _tokens([e.token for e in events])
         if any(e.top_tokens for e in events):
