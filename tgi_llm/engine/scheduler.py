@@ -8,8 +8,9 @@ blocks already in the prefix cache reused (kv_cache_manager.py). Two admission p
   (`max_batch_prefill_tokens`). Running decodes come first (one token each), then prompts still being
   prefilled, then waiting requests in the order of `--scheduling-policy` (queue_order.py: the shortest
   prompt first, aged, once prefill's cost is measured; or arrival), each cut to what remains of the
-  budget and continued in the next step. Waiting requests join at every step while the budget, the KV blocks and
-  `max_batch_size` allow (TGI v3 ignores waiting_served_ratio and max_waiting_tokens when chunking).
+  budget and continued in the next step. Waiting requests join at every step while the budget, the KV
+  blocks and `max_batch_size` allow (TGI v3 ignores waiting_served_ratio and max_waiting_tokens when
+  chunking).
 - whole prompts (PREFILL_CHUNKING=0): TGI v3's `next_batch`. A prompt is prefilled in one step; while a
   batch runs, new requests join only when enough are waiting (`waiting_served_ratio`) or the queue has
   waited `max_waiting_tokens` steps, within the prefill and total token budgets.
@@ -96,7 +97,7 @@ class Scheduler:
         worth = 2 * lim.block_size  # a shorter prefill is not worth waiting for
         twins = {s.prompt_key for s in prefills if s.num_pending > worth} if self.kv.enable_prefix_caching else set()
         if budget.exhausted:
-            return entries
+            return entries  # nothing to admit: the queue is not sorted
         order = admission_order(self.waiting, lim.scheduling_policy, self.pacer.seconds_per_token, time.monotonic())
         for seq in order:
             if budget.exhausted or (lim.max_batch_size is not None and len(self.running) >= lim.max_batch_size):

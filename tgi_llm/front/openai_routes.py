@@ -214,12 +214,13 @@ def build_router(state: FrontState) -> APIRouter:
                             yield chunk_event(k, None, [], [], "tool_calls")
                         else:
                             yield chunk_event(k, answer.content if answer is not None else stream.text, [], [], finish)
-                elif len(chunk.tokens) > 1 and not state.splits_reasoning:  # one event per token, as TGI streams
-                    for i, tok in enumerate(chunk.tokens):
-                        last = i == len(chunk.tokens) - 1
-                        yield chunk_event(k, tok.text, [tok], chunk.top_tokens[i : i + 1], finish if last else None)
-                elif chunk.text or chunk.tokens or chunk.final:
-                    yield chunk_event(k, chunk.text, chunk.tokens, chunk.top_tokens, finish)
+                else:  # one event per token, as TGI streams (the reasoning splitter has cut the text already)
+                    per_token = ([(chunk.text, chunk.tokens, chunk.top_tokens)] if state.splits_reasoning
+                                 else chunk.per_token())
+                    for i, (text, tokens, tops) in enumerate(per_token):
+                        ends = finish if i == len(per_token) - 1 else None
+                        if text or tokens or ends:
+                            yield chunk_event(k, text, tokens, tops, ends)
                 if chunk.final:
                     usage = [chunk.input_tokens or 0, usage[1] + (chunk.generated_tokens or 0),
                              chunk.cached_tokens or 0]
@@ -320,9 +321,7 @@ def build_router(state: FrontState) -> APIRouter:
             while item is not None:
                 i, chunk = item
                 finish = openai_finish_reason(chunk.finish_reason or "length") if chunk.final else None
-                # One event per token, as a step's several accepted tokens arrive together.
-                pieces = ([(t.text, [t], chunk.top_tokens[k:k + 1]) for k, t in enumerate(chunk.tokens)]
-                          if len(chunk.tokens) > 1 else [(chunk.text, chunk.tokens, chunk.top_tokens)])
+                pieces = chunk.per_token()  # one event per token, as a step's several arrive together
                 for k, (text, tokens, tops) in enumerate(pieces):
                     if req.echo and i not in echoed:
                         echoed.add(i)

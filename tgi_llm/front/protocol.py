@@ -33,14 +33,21 @@ class Chunk:
     tokens: list[TokenInfo] = field(default_factory=list)
     top_tokens: list[list[TokenInfo]] = field(default_factory=list)
     final: bool = False
+    generated_tokens: int | None = None  # tokens generated so far (on every streamed response and the final)
     # Only on the final response:
     finish_reason: str | None = None  # TGI's: length, eos_token, stop_sequence
     input_tokens: int | None = None
-    generated_tokens: int | None = None
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache
     accepted_draft_tokens: int | None = None  # generated tokens speculation guessed right
     seed: int | None = None
     prefill: list[TokenInfo] = field(default_factory=list)
+
+    def per_token(self) -> list[tuple[str, list[TokenInfo], list[list[TokenInfo]]]]:
+        """(text, tokens, top tokens) for each event a stream sends: a step's several tokens one by one, a
+        response with one token or none as it is."""
+        if len(self.tokens) <= 1:
+            return [(self.text, self.tokens, self.top_tokens)]
+        return [(t.text, [t], self.top_tokens[k:k + 1]) for k, t in enumerate(self.tokens)]
 
 
 class TritonGenerateClient(Protocol):
