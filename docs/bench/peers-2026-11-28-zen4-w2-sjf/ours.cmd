@@ -1,1 +1,0 @@
-cd '/work/main' && exec bash scripts/serve.sh 

@@ -1,1 +1,0 @@
-export VLLM_CPU_KVCACHE_SPACE=4 VLLM_CPU_OMP_THREADS_BIND=0-1; exec '/root/.cache/tgi-peers/vllm-venv/bin/python' -m vllm.entrypoints.openai.api_server --model '/root/.cache/tgi_llm/gguf/SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f' --dtype float32 --max-model-len 2048 --port 8100 --served-model-name smollm2
