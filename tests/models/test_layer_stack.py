@@ -22,10 +22,10 @@ def _forward(model, kv, step):
     return model(ids, positions, kv, attn)
 
 
-def _caches(model, num_blocks=96, block_size=4):
+def _caches(model, num_blocks=96, block_size=4, dtype=torch.float32):
     first = model.layers[0]
     shape = (num_blocks, block_size, first.num_kv_heads, first.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in model.layers]
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in model.layers]
 
 
 def _steps(rng: random.Random, rows: int):
@@ -74,6 +74,32 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
         torch.testing.assert_close(k1, k2, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(v1, v2, rtol=1e-4, atol=1e-5)
     assert decode_steps == 7
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batcher, use_settings, kv_dtype):
+    """The stack rounds the K/V it writes to the cache's type as torch's cast does, decode reads them in
+    place and prompt chunks through converted copies: the same steps, the same cache bits."""
+    use_settings(float_linears="c")
+    model_dir = tiny_model_factory("llama")
+    fused, _ = load_model(model_dir, quantization=Quantization("int8"))
+    reference, _ = load_model(model_dir, quantization=Quantization("int8"))
+    fused_kv, reference_kv = (_caches(m, num_blocks=512, dtype=kv_dtype) for m in (fused, reference))
+    batcher = paged_batcher(block_size=4, num_blocks=512)
+    for chunks in _steps(random.Random(7), 3):
+        ids, positions, attn = batcher.step(chunks)
+        got = fused(ids, positions, fused_kv, attn)
+        use_settings(fused_decode=False)
+        want = reference(ids, positions, reference_kv, attn)
+        use_settings(fused_decode=True)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    stack = fused._fused[1]
+    assert isinstance(stack, FusedLayerStack) and stack.checked == {"decode", "mixed", "verify"}
+    for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):
+        assert k1.dtype == kv_dtype and k1.abs().sum() > 0
+        # one rounding step apart at most: the stack's norms and rope round like torch's only up to ~1e-6
+        torch.testing.assert_close(k1.float(), k2.float(), rtol=1e-2, atol=1e-3)
+        torch.testing.assert_close(v1.float(), v2.float(), rtol=1e-2, atol=1e-3)
 
 
 def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batcher, monkeypatch, caplog):

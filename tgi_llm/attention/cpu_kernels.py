@@ -3,11 +3,14 @@
 Decode: the pure-torch path gathers every sequence's K/V blocks into a padded copy for each layer
 (index_select), then runs SDPA over it. That copy moves three times the bytes attention needs, and SDPA's
 CPU kernel is slow for one query per sequence; together they cost more than all the model's matmuls at
-batch 32. `paged_decode_f32` reads K/V in place through the block table, one sequence per OpenMP work
-item: ~4x faster. Prefill: `paged_prefill_f32` attends every prompt chunk of the step in one call,
-reading each chunk's whole context (cached and new tokens) in place through its block table: no gathered
-copy, no mask tensor, and a chunk after cached tokens costs what the same rows of a whole prompt cost.
-Both are in tgi_llm/csrc/attention/paged.c, on the native-width vectors of csrc/include/vectors.h.
+batch 32. `paged_decode` reads K/V in place through the block table, one sequence per OpenMP work
+item (a long context split over the threads where there are few): ~4x faster. Prefill: `paged_prefill_f32`
+attends every prompt chunk of the step in one call, reading each chunk's whole context (cached and new
+tokens) in place through its block table: no gathered copy, no mask tensor, and a chunk after cached tokens
+costs what the same rows of a whole prompt cost.
+Both are in tgi_llm/csrc/attention/paged.c, on the native-width vectors of csrc/include/vectors.h. The cache
+may hold bfloat16 or float16 (--kv-cache-dtype): decode converts each element in registers as it reads it;
+prefill converts the blocks a call reads to float32 first (`paged_prefill_kv`).
 `paged_prefill_bf16`, built only where the CPU has AVX512-BF16, is the prefill kernel with bfloat16 products,
 for models whose linears run in bfloat16 (`--dtype bfloat16`). docs/CPU_KERNELS.md describes them.
 
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from tgi_llm.native import CheckedKernels
+from tgi_llm.native.abi import KvDtype
 from tgi_llm.settings import settings
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,8 @@ logger = logging.getLogger(__name__)
 _MAX_QUERY_HEADS = 256
 #: Query heads per KV head the prefill kernel's work items hold (MAXQ in the C source).
 MAX_PREFILL_GROUP = 48
+#: The K/V cache element types the kernels read (converted to float32 in registers; --kv-cache-dtype).
+KV_DTYPES = {torch.float32: KvDtype.KV_F32, torch.bfloat16: KvDtype.KV_BF16, torch.float16: KvDtype.KV_F16}
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
@@ -51,31 +57,31 @@ class CpuAttentionKernels:
     """The attention kernels of a loaded kernels library (tgi_llm.native)."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._decode = lib.paged_decode_f32
-        self._prefill = lib.paged_prefill_f32
-        #: `paged_prefill_f32`'s address, for the fused layer stack (prompts_t.run)
-        self.prefill_address = ctypes.cast(self._prefill, ctypes.c_void_p).value
+        self._decode = lib.paged_decode
+        self._prefill_kv = lib.paged_prefill_kv
+        #: `paged_prefill_f32`'s address, for the fused layer stack (prompts_t.run) and paged_prefill_kv
+        self.prefill_address = ctypes.cast(lib.paged_prefill_f32, ctypes.c_void_p).value
         #: The same with bfloat16 products, where the CPU has AVX512-BF16 (None elsewhere): same arguments.
-        self._prefill_bf16 = None
         self.bf16_prefill_address: int | None = None
         #: Whether bfloat16 prefill runs on AMX tiles (the CPU has them, TGI_LLM_AMX is not 0).
         self.amx = bool(lib.has_amx_prefill()) and settings().amx
         lib.set_amx_prefill(int(self.amx))
         if lib.has_bf16_prefill():
-            self._prefill_bf16 = lib.paged_prefill_amx if self.amx else lib.paged_prefill_bf16
-            self.bf16_prefill_address = ctypes.cast(self._prefill_bf16, ctypes.c_void_p).value
+            bf16 = lib.paged_prefill_amx if self.amx else lib.paged_prefill_bf16
+            self.bf16_prefill_address = ctypes.cast(bf16, ctypes.c_void_p).value
         self._lib = lib
         #: Prompt chunks through the prefill kernel (True) or SDPA (False): measured at load (_choose_prefill).
         self.prefill_wins = True
 
     @staticmethod
     def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
-        """q [T, Hq, D]; k: the cache ([blocks, block_size, Hkv, D], decode) or the new keys ([T, Hkv, D])."""
+        """q [T, Hq, D] float32; k: the cache ([blocks, block_size, Hkv, D], decode; float32 or 16-bit) or the
+        new keys ([T, Hkv, D])."""
         dim = q.shape[-1]
         return (
             q.device.type == "cpu"
             and q.dtype == torch.float32
-            and k.dtype == torch.float32
+            and k.dtype in KV_DTYPES
             and dim % 16 == 0
             and dim <= 256
             and q.shape[1] <= _MAX_QUERY_HEADS
@@ -101,11 +107,13 @@ class CpuAttentionKernels:
         out = torch.empty_like(q)
         stride = -(-max_seq_len // 16) * 16
         scores = torch.empty((batch, heads, stride), dtype=torch.float32)
-        self._decode(
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(),
-            out.data_ptr(), scores.data_ptr(), batch, heads, kv_heads, dim, block_size, tables.shape[1],
-            stride, scale, softcap or 0.0, torch.get_num_threads(),
+        failed = self._decode(
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), KV_DTYPES[k_cache.dtype], tables.data_ptr(),
+            lens.data_ptr(), out.data_ptr(), scores.data_ptr(), batch, heads, kv_heads, dim, block_size,
+            tables.shape[1], stride, scale, softcap or 0.0, torch.get_num_threads(),
         )
+        if failed:
+            raise MemoryError("decode attention kernel: no memory for its split parts")
         return out
 
     @staticmethod
@@ -133,13 +141,14 @@ class CpuAttentionKernels:
         _, block_size, kv_heads, dim = k_cache.shape
         tables = block_tables.to(torch.int32).contiguous()
         meta = prefill_arguments(sequences)
-        run = self._prefill_bf16 if bf16 else self._prefill
+        run = self.bf16_prefill_address if bf16 else self.prefill_address
         if run is None:
             raise ValueError("bfloat16 prefill attention needs a CPU with AVX512-BF16")
-        failed = run(
-            q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(),
-            tables.shape[1], *(row.data_ptr() for row in meta), len(sequences), q.shape[1],
-            kv_heads, dim, block_size, scale, torch.get_num_threads(),
+        # a 16-bit cache: the blocks read converted to float32 first (paged_prefill_kv), float32 as it is
+        failed = self._prefill_kv(
+            run, KV_DTYPES[k_cache.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(),
+            v_cache.data_ptr(), tables.data_ptr(), tables.shape[1], *(row.data_ptr() for row in meta),
+            len(sequences), q.shape[1], kv_heads, dim, block_size, scale, torch.get_num_threads(),
         )
         if failed:
             raise MemoryError("prefill attention kernel: no memory for its scratch")
@@ -174,32 +183,50 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
     k_cache, v_cache = (torch.randn(12, block_size, kv_heads, dim, generator=gen) for _ in range(2))
     q = torch.randn(3, heads, dim, generator=gen)
     seq_lens = torch.tensor(lens, dtype=torch.int32)
+
+    def want(i: int, n: int, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
+        k, v = (c[tables[i].long()].float().reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
+                for c in (k_cache, v_cache))
+        return torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * 0.125).softmax(-1), v)
+
     got = kernels.decode(q, k_cache, v_cache, tables, seq_lens, max(lens), 0.125)
     # the same sequences copied into a batch big enough for one work item per sequence (4 a thread)
     copies = -(-4 * torch.get_num_threads() // len(lens))
     batched = kernels.decode(q.repeat(copies, 1, 1), k_cache, v_cache, tables.repeat(copies, 1),
                              seq_lens.repeat(copies), max(lens), 0.125).view(copies, len(lens), heads, dim)
     for i, n in enumerate(lens):
-        k = k_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
-        v = v_cache[tables[i]].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
-        want = torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * 0.125).softmax(-1), v)
-        if not all(torch.allclose(out, want, rtol=1e-4, atol=1e-5) for out in (got[i], *batched[:, i])):
+        if not all(torch.allclose(out, want(i, n, k_cache, v_cache, tables), rtol=1e-4, atol=1e-5)
+                   for out in (got[i], *batched[:, i])):
             raise RuntimeError("paged decode kernel disagrees with torch")
+    # one long context, split over the threads, from each cache type (converted as read: exact up to the sums)
+    long_table = torch.randperm(40, generator=gen).to(torch.int32)[None]
+    long_k, long_v = (torch.randn(40, block_size, kv_heads, dim, generator=gen) for _ in range(2))
+    for dtype in KV_DTYPES:
+        k16, v16 = long_k.to(dtype), long_v.to(dtype)
+        out = kernels.decode(q[:1], k16, v16, long_table, torch.tensor([611], dtype=torch.int32), 611, 0.125)
+        if not torch.allclose(out[0], want(0, 611, k16, v16, long_table), rtol=1e-4, atol=1e-5):
+            raise RuntimeError(f"paged decode kernel disagrees with torch on a long {dtype} cache")
     qp = torch.randn(9, heads, dim, generator=gen)
-    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones, read through tables 1 and 2; bfloat16
-    # products differ from float32 by the operands' rounding (~1e-2 here), a wrong kernel by the values' size
-    for bf16, tolerance in ((False, 1e-5), (True, 5e-2))[:2 if kernels.bf16_prefill_address else 1]:
+    # a fresh prompt of 4 tokens, and 5 new tokens after 8 cached ones, read through tables 1 and 2, from each
+    # cache type; bfloat16 products differ from float32 by the operands' rounding (~1e-2 here), a wrong kernel
+    # by the values' size
+    cases = [(dtype, False, 1e-5) for dtype in KV_DTYPES]
+    if kernels.bf16_prefill_address:
+        cases.append((torch.float32, True, 5e-2))
+    for dtype, bf16, tolerance in cases:
         out = torch.empty_like(qp)
-        kernels.prefill(qp, out, k_cache, v_cache, tables, [PrefillSequence(0, 4, 4, 1), PrefillSequence(4, 5, 13, 2)],
+        k16, v16 = k_cache.to(dtype), v_cache.to(dtype)
+        kernels.prefill(qp, out, k16, v16, tables, [PrefillSequence(0, 4, 4, 1), PrefillSequence(4, 5, 13, 2)],
                         0.125, bf16=bf16)
         for start, n, context, row in ((0, 4, 4, 1), (4, 5, 13, 2)):
-            kp, vp = (c[tables[row]].reshape(-1, kv_heads, dim)[:context] for c in (k_cache, v_cache))
+            kp, vp = (c[tables[row]].float().reshape(-1, kv_heads, dim)[:context] for c in (k16, v16))
             mask = torch.ones(n, context, dtype=torch.bool).tril(context - n)
-            want = torch.nn.functional.scaled_dot_product_attention(
+            expected = torch.nn.functional.scaled_dot_product_attention(
                 qp[start:start + n].transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1),
                 attn_mask=mask, scale=0.125, enable_gqa=True).transpose(0, 1)
-            if not torch.allclose(out[start:start + n], want, rtol=1e-4, atol=tolerance):
-                raise RuntimeError(f"prefill attention kernel{' (bfloat16)' if bf16 else ''} disagrees with torch")
+            if not torch.allclose(out[start:start + n], expected, rtol=1e-4, atol=tolerance):
+                raise RuntimeError(f"prefill attention kernel{' (bfloat16)' if bf16 else ''} disagrees with torch "
+                                   f"on a {dtype} cache")
 
 
 def _sdpa_prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

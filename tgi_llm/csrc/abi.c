@@ -44,6 +44,7 @@ static const abi_entry_t entries[] = {
     FIELD(layer_t, v_cache),
     FIELD(layer_t, experts),
     FIELD(layer_t, rope_dim),
+    FIELD(layer_t, kv_dtype),
     SIZE(experts_t),
     FIELD(experts_t, router),
     FIELD(experts_t, gate_up),
@@ -72,6 +73,9 @@ static const abi_entry_t entries[] = {
     VALUE(ROPE_NONE),
     VALUE(ROPE_GLOBAL),
     VALUE(ROPE_LOCAL),
+    VALUE(KV_F32),
+    VALUE(KV_BF16),
+    VALUE(KV_F16),
     {NULL, 0},
 };
 

@@ -5,7 +5,7 @@ At a few rows the decoder layer's work is small next to what it costs to reach i
 runs ~25 torch ops and 4 ctypes calls, and at one token that dispatch was ~60% of the step (py-spy on
 SmolLM2-135M, Zen 3), with the second core idle meanwhile. Here the norms, rope, the K/V write, the
 SiLU or GELU gate and the residual adds are small C loops, and the linears and attention are the same compiled
-kernels the torch path calls (`quant_apply`, `paged_decode_f32` and `paged_prefill_f32`), called directly: they
+kernels the torch path calls (`quant_apply`, `paged_decode` and `paged_prefill_f32`), called directly: they
 are in the same library (tgi_llm/csrc/layer_stack/layer_stack.c, tgi_llm.native). Same weights, same kernels,
 same arithmetic order in the matmuls; the norms, rope and SiLU differ from torch's only in rounding.
 
@@ -27,7 +27,13 @@ from collections.abc import Callable
 
 import torch
 
-from tgi_llm.attention.cpu_kernels import MAX_PREFILL_GROUP, PrefillSequence, cpu_attention_kernels, prefill_arguments
+from tgi_llm.attention.cpu_kernels import (
+    KV_DTYPES,
+    MAX_PREFILL_GROUP,
+    PrefillSequence,
+    cpu_attention_kernels,
+    prefill_arguments,
+)
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
 from tgi_llm.models.config import TANH_GELU_NAMES
@@ -76,9 +82,9 @@ def _why_not(model, kv_caches) -> str | None:
     first = model.layers[0]
     dim, heads = first.head_dim, first.num_heads
     k = kv_caches[0][0]
-    if dim % 16 or dim > 256 or heads > 256 or k.dtype != torch.float32:
+    if dim % 16 or dim > 256 or heads > 256 or k.dtype not in KV_DTYPES:
         return f"head size {dim} / {heads} heads / KV {k.dtype} not supported by the attention kernel"
-    if not all(c.is_contiguous() and c.shape == k.shape for pair in kv_caches for c in pair):
+    if not all(c.is_contiguous() and c.shape == k.shape and c.dtype == k.dtype for pair in kv_caches for c in pair):
         return "needs contiguous K/V caches"
     return None
 
@@ -112,10 +118,12 @@ class FusedLayerStack:
         self.agrees: bool | None = None
         #: How far the two may differ, relative to the largest output. The norms and rope here round
         #: differently from torch's ops (~1e-4); bfloat16 weights round each matmul's activations to 8 bits,
-        #: and such a difference that flips one of those roundings grows through the layers (0.8% measured
-        #: on SmolLM2 in bfloat16): a wrong kernel differs by the size of the values themselves.
-        self.tolerance = 3e-2 if any(m.desc().kind == WeightKind.QW_BF16_PANEL or m.desc().bf16_min_rows
-                                     for layer in model.layers for m in _linears(layer)) else 1e-3
+        #: a 16-bit cache each K and V, and such a difference that flips one of those roundings grows through
+        #: the layers (0.8% measured on SmolLM2 in bfloat16): a wrong kernel differs by the size of the values.
+        rounds = kv_caches[0][0].dtype != torch.float32 or any(
+            m.desc().kind == WeightKind.QW_BF16_PANEL or m.desc().bf16_min_rows
+            for layer in model.layers for m in _linears(layer))
+        self.tolerance = 3e-2 if rounds else 1e-3
         self.checked: set[str] = set()  # the kinds of step compared so far: "decode", "mixed"
         #: Sequences longer than this have keys outside a sliding window, which this stack does not apply.
         self.window = model.config.narrowest_window
@@ -260,7 +268,7 @@ def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
         rope=_ROPE_TABLES[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(),
         v_cache=v.data_ptr(), experts=None if experts is None else ctypes.addressof(experts.struct),
-        rope_dim=rope_dim)
+        rope_dim=rope_dim, kv_dtype=KV_DTYPES[k.dtype])
 
 
 def _leading_decode_rows(query_lens: list[int]) -> int:

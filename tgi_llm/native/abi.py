@@ -50,6 +50,14 @@ class RopeTables(IntEnum):
     ROPE_LOCAL = 2
 
 
+class KvDtype(IntEnum):
+    """`kv_dtype_t`: the element type of the paged K/V caches."""
+
+    KV_F32 = 0
+    KV_BF16 = 1
+    KV_F16 = 2
+
+
 class Experts(ctypes.Structure):
     """`experts_t`: a layer's mixture of experts (its router and each expert's two WeightDescs)."""
 
@@ -64,7 +72,8 @@ class Layer(ctypes.Structure):
     _fields_ = [("qkv", _p), ("o", _p), ("gate_up", _p), ("down", _p), ("gemm_min", _i64 * 4),
                 ("input_norm", _p), ("post_norm", _p), ("attn_out_norm", _p), ("mlp_out_norm", _p),
                 ("q_norm", _p), ("k_norm", _p), ("qk_norm_per_head", _i32), ("rope", _i32),
-                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p), ("rope_dim", _i64)]
+                ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p), ("rope_dim", _i64),
+                ("kv_dtype", _i32)]
 
 
 class Prompts(ctypes.Structure):
@@ -85,7 +94,10 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "amx_usable": ([], ctypes.c_int),
     "set_amx_min_rows": ([_i64, _i64, _i64], None),
     "quant_apply": ([_p, _p, _i64, _p, _i64, _i64, _i64, ctypes.c_int], None),
-    "paged_decode_f32": ([_p] * 7 + [_i64] * 7 + [_f32, _f32, ctypes.c_int], None),
+    "paged_decode": ([_p, _p, _p, _i32] + [_p] * 4 + [_i64] * 7 + [_f32, _f32, ctypes.c_int], ctypes.c_int),
+    "paged_prefill_kv": ([_p, _i32, _p, _i64, _p, _p, _p, _p, _i64] + [_p] * 4 + [_i64] * 5 + [_f32, ctypes.c_int],
+                         ctypes.c_int),
+    "kv_store_row": ([_p, _p, _i64, _i32], None),
     "paged_prefill_f32": _PREFILL,
     "paged_prefill_bf16": _PREFILL,
     "paged_prefill_amx": _PREFILL,
@@ -124,7 +136,7 @@ def expected_abi() -> dict[str, int]:
     for struct, c_name in C_NAMES.items():
         want[f"sizeof({c_name})"] = ctypes.sizeof(struct)
         want.update({f"{c_name}.{field}": getattr(struct, field).offset for field, _ in struct._fields_})
-    want.update({value.name: int(value) for enum in (WeightKind, Activation, RopeTables) for value in enum})
+    want.update({value.name: int(value) for enum in (WeightKind, Activation, RopeTables, KvDtype) for value in enum})
     return want
 
 

@@ -10,72 +10,103 @@
 /* ---- decode: one query per sequence, K/V read in place through the block table ----
    Each query head's scores against every key (VL keys at a time, their rows kept in L1 across the heads
    of a group), a softmax, then p . v (a KV head's query heads together). Bound by the bytes of K and V.
-   Two shapes of work item, the same arithmetic in the same order (bit-equal outputs):
+   Two shapes of work item, the same arithmetic in the same order (bit-equal outputs; a split context below
+   sums in another order):
    - one per (sequence, KV head), when there are few sequences, so that every thread has work;
    - one per sequence, all its KV heads, from SEQ_ITEMS_PER_THREAD sequences a thread: a block's K (then
-     V) rows are read as one contiguous run (BS x Hkv x D floats).
+     V) rows are read as one contiguous run (BS x Hkv x D elements).
    Either way K is prefetched PREFETCH_AHEAD tokens ahead of its use, 4 token rows at a time, so that the
    core keeps a steady number of misses in flight instead of a block's worth at once. 2 threads, Zen 4,
    30 layers' caches in shuffled blocks, ragged lengths, per layer: 1 x 1,024 tokens 61 -> 54 us, 4 x 500
    120 -> 105 us, 8 x 300 174 -> 154 us, 16 x 400 425 -> 366 us, 32 x 700 1,415 -> 1,170 us
    (docs/PERFORMANCE.md item 25). V is prefetched a block ahead in the p . v pass; both prefetches are
-   spread between the heads' work (item 40: 16 x 400 tokens 13.9 -> 12.5 ms for 30 layers, AMX Xeon). */
+   spread between the heads' work (item 40: 16 x 400 tokens 13.9 -> 12.5 ms for 30 layers, AMX Xeon).
+   The cache holds float32, bfloat16 or float16 (kv_dtype_t, --kv-cache-dtype): each element is converted
+   in registers as it is loaded and everything after is float32, so a 16-bit cache moves half the bytes
+   through the same loops.
+   Few sequences with long contexts (fewer work items than SEQ_ITEMS_PER_THREAD a thread) split each
+   (sequence, KV head) into parts of at least SPLIT_MIN_KEYS keys, flash-decoding's split-K: each part keeps
+   its softmax's max and sum beside its output, and the parts are combined at the end, so that one stream's
+   long context keeps every thread busy (SmolLM2's 3 KV heads on 2 threads left one idle a third of the
+   time). */
 
 #define MAX_DV (256 / VL) /* head size up to 256 */
 #define SEQ_ITEMS_PER_THREAD 4 /* sequences a thread, for the dynamic schedule to balance unequal lengths */
 #define MAX_SEQ_QUERY_FLOATS 8192 /* an item's scaled queries live on the worker's stack */
 #define PREFETCH_AHEAD 16 /* tokens (8, 16 and 32 measured the same; no prefetch: 35% slower) */
+#define SPLIT_MIN_KEYS 128 /* keys a part at least: its fixed costs (the queries, the prefetch's start) */
 
-static inline void prefetch_rows(const float* p, const int64_t rows, const int64_t stride, const int64_t D) {
-    /* the hardware prefetcher stops at page edges and blocks are scattered. Into L2, not L1: a block's
-       rows flushed the L1 lines the scores were using (16 sequences of 400 tokens on Zen 4: 775 -> 509 us
-       a layer, K/V at 19 GB/s instead of 13) */
+static inline __attribute__((always_inline)) int64_t kv_bytes(const int kind) { return kind == KV_F32 ? 4 : 2; }
+
+/* element i of a cache (or of a row) of kv_dtype_t `kind` */
+static inline __attribute__((always_inline)) const void* kv_at(const void* base, const int64_t i, const int kind) {
+    return (const char*)base + i * kv_bytes(kind);
+}
+
+/* VL cache elements from p, as float32 */
+static inline __attribute__((always_inline)) V vld_kv(const void* p, const int kind) {
+    if (kind == KV_BF16) return vld_bf16(p);
+    if (kind == KV_F16) return vld_f16(p);
+    return vld((const float*)p);
+}
+
+static inline __attribute__((always_inline)) void prefetch_rows(const void* p, const int64_t rows,
+                                                                const int64_t stride, const int64_t width,
+                                                                const int kind) {
+    /* the first `width` elements of `rows` rows `stride` elements apart. The hardware prefetcher stops at
+       page edges and blocks are scattered. Into L2, not L1: a block's rows flushed the L1 lines the scores
+       were using (16 sequences of 400 tokens on Zen 4: 775 -> 509 us a layer, K/V at 19 GB/s instead of 13) */
+    const int64_t bytes = width * kv_bytes(kind);
     for (int64_t t = 0; t < rows; t++)
-        for (int64_t o = 0; o < D; o += 16) __builtin_prefetch(p + t * stride + o, 0, 1);
+        for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char*)kv_at(p, t * stride, kind) + o, 0, 1);
 }
 
-static inline void prefetch_4_tokens(const float* c, const int32_t* table, const int64_t pos, const int64_t BS,
-                                     const int64_t tok, const int64_t width) {
-    /* the first `width` floats of token rows pos .. pos + 3 (pos a multiple of 4: one block when BS is) */
-    prefetch_rows(c + ((int64_t)table[pos / BS] * BS + pos % BS) * tok, 4, tok, width);
+static inline __attribute__((always_inline)) void prefetch_4_tokens(const void* c, const int32_t* table,
+                                                                    const int64_t pos, const int64_t BS,
+                                                                    const int64_t tok, const int64_t width,
+                                                                    const int kind) {
+    /* the first `width` elements of token rows pos .. pos + 3 (pos a multiple of 4: one block when BS is) */
+    prefetch_rows(kv_at(c, ((int64_t)table[pos / BS] * BS + pos % BS) * tok, kind), 4, tok, width, kind);
 }
 
-static inline __attribute__((always_inline)) void score4(const float* restrict qg, const float* restrict k0,
-                                                         const int64_t tok, const int64_t C, float* restrict out) {
+static inline __attribute__((always_inline)) void score4(const float* restrict qg, const void* k0,
+                                                         const int64_t tok, const int64_t C, float* restrict out,
+                                                         const int kind) {
     /* out[0..3] = qg . the key rows k0, k0 + tok, k0 + 2 tok, k0 + 3 tok */
     V a0 = vzero(), a1 = vzero(), a2 = vzero(), a3 = vzero();
     for (int64_t c = 0; c < C; c++) {
         const V qv = vld(qg + c * VL);
-        a0 = vfma(qv, vld(k0 + c * VL), a0);
-        a1 = vfma(qv, vld(k0 + tok + c * VL), a1);
-        a2 = vfma(qv, vld(k0 + 2 * tok + c * VL), a2);
-        a3 = vfma(qv, vld(k0 + 3 * tok + c * VL), a3);
+        a0 = vfma(qv, vld_kv(kv_at(k0, c * VL, kind), kind), a0);
+        a1 = vfma(qv, vld_kv(kv_at(k0, tok + c * VL, kind), kind), a1);
+        a2 = vfma(qv, vld_kv(kv_at(k0, 2 * tok + c * VL, kind), kind), a2);
+        a3 = vfma(qv, vld_kv(kv_at(k0, 3 * tok + c * VL, kind), kind), a3);
     }
     vsum4(a0, a1, a2, a3, out);
 }
 
-static inline __attribute__((always_inline)) void score_vl(const float* restrict qg, const float* restrict k0,
-                                                           const int64_t tok, const int64_t C, float* restrict out) {
-    /* out[0..VL-1] = qg . the VL key rows from k0, tok floats apart: one accumulator a key, their lane sums
+static inline __attribute__((always_inline)) void score_vl(const float* restrict qg, const void* k0,
+                                                           const int64_t tok, const int64_t C, float* restrict out,
+                                                           const int kind) {
+    /* out[0..VL-1] = qg . the VL key rows from k0, tok elements apart: one accumulator a key, their lane sums
        by one transposing tree (score4's four horizontal sums cost 3x the shuffles and adds a key) */
     V a[VL];
     UNROLL for (int i = 0; i < VL; i++) a[i] = vzero();
     for (int64_t c = 0; c < C; c++) {
         const V qv = vld(qg + c * VL);
-        UNROLL for (int i = 0; i < VL; i++) a[i] = vfma(qv, vld(k0 + i * tok + c * VL), a[i]);
+        UNROLL for (int i = 0; i < VL; i++) a[i] = vfma(qv, vld_kv(kv_at(k0, i * tok + c * VL, kind), kind), a[i]);
     }
     vst(out, vsum_lanes(a));
 }
 
-static inline __attribute__((always_inline)) float score1(const float* restrict qg, const float* restrict k0,
-                                                          const int64_t C) {
+static inline __attribute__((always_inline)) float score1(const float* restrict qg, const void* k0, const int64_t C,
+                                                          const int kind) {
     V a = vzero();
-    for (int64_t c = 0; c < C; c++) a = vfma(vld(qg + c * VL), vld(k0 + c * VL), a);
+    for (int64_t c = 0; c < C; c++) a = vfma(vld(qg + c * VL), vld_kv(kv_at(k0, c * VL, kind), kind), a);
     return vsum(a);
 }
 
-static inline float softmax_numerators(float* restrict row, const int64_t L) {
-    /* exp(row - max) in place; returns 1 / their sum (applied to the output) */
+static inline float softmax_numerators(float* restrict row, const int64_t L, float* restrict max_out) {
+    /* exp(row - max) in place; returns 1 / their sum (applied to the output), the max at max_out */
     const int64_t Lv = L / VL * VL;
     V mv = vset1(-INFINITY);
     for (int64_t l = 0; l < Lv; l += VL) mv = vmax(mv, vld(row + l));
@@ -92,6 +123,7 @@ static inline float softmax_numerators(float* restrict row, const int64_t L) {
         row[l] = expf(row[l] - mx);
         sum += row[l];
     }
+    *max_out = mx;
     return 1.f / sum;
 }
 
@@ -115,8 +147,9 @@ static inline void softcap_row(float* restrict row, const int64_t L, const float
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 static inline __attribute__((always_inline)) void add_pv(const float* restrict p, const int64_t pstride,
-                                                         const float* restrict v0, const int64_t n, const int64_t tok,
-                                                         const int64_t C, const int NH, float* restrict oh) {
+                                                         const void* v0, const int64_t n, const int64_t tok,
+                                                         const int64_t C, const int NH, float* restrict oh,
+                                                         const int kind) {
     /* oh[h] += sum over n value rows (v0, v0 + tok, ...) of p[h pstride + t] * row, for NH query heads of a
        group (outputs C * VL apart): each value vector is loaded once for all of them, and NH x C independent
        FMA chains keep both FMA ports busy (one head's C chains wait on the FMA latency) */
@@ -127,7 +160,7 @@ static inline __attribute__((always_inline)) void add_pv(const float* restrict p
         V pt[NH];
         UNROLL for (int h = 0; h < NH; h++) pt[h] = vset1(p[h * pstride + t]);
         UNROLL for (int64_t c = 0; c < C; c++) {
-            const V vv = vld(v0 + t * tok + c * VL);
+            const V vv = vld_kv(kv_at(v0, t * tok + c * VL, kind), kind);
             UNROLL for (int h = 0; h < NH; h++) acc[h * C + c] = vfma(pt[h], vv, acc[h * C + c]);
         }
     }
@@ -136,16 +169,16 @@ static inline __attribute__((always_inline)) void add_pv(const float* restrict p
 }
 
 static inline __attribute__((always_inline)) void add_pv_group(const float* restrict p, const int64_t pstride,
-                                                               const float* restrict v0, const int64_t n,
-                                                               const int64_t tok, const int64_t C, const int64_t G,
-                                                               float* restrict oh) {
+                                                               const void* v0, const int64_t n, const int64_t tok,
+                                                               const int64_t C, const int64_t G,
+                                                               float* restrict oh, const int kind) {
     /* the G query heads of one KV head: three at a time where their accumulators fit in registers */
     int64_t g = 0;
     if (3 * C <= PV_ACC)
-        for (; g + 3 <= G; g += 3) add_pv(p + g * pstride, pstride, v0, n, tok, C, 3, oh + g * C * VL);
+        for (; g + 3 <= G; g += 3) add_pv(p + g * pstride, pstride, v0, n, tok, C, 3, oh + g * C * VL, kind);
     if (2 * C <= PV_ACC)
-        for (; g + 2 <= G; g += 2) add_pv(p + g * pstride, pstride, v0, n, tok, C, 2, oh + g * C * VL);
-    for (; g < G; g++) add_pv(p + g * pstride, pstride, v0, n, tok, C, 1, oh + g * C * VL);
+        for (; g + 2 <= G; g += 2) add_pv(p + g * pstride, pstride, v0, n, tok, C, 2, oh + g * C * VL, kind);
+    for (; g < G; g++) add_pv(p + g * pstride, pstride, v0, n, tok, C, 1, oh + g * C * VL, kind);
 }
 
 static inline void scale_rows(float* restrict o, const float* restrict inv, const int64_t rows, const int64_t C) {
@@ -154,85 +187,244 @@ static inline void scale_rows(float* restrict o, const float* restrict inv, cons
 }
 
 static inline __attribute__((always_inline)) void decode_heads(
-    const float* restrict qs, const float* restrict kc, const float* restrict vc, const int32_t* restrict table,
-    const int64_t L, float* restrict s, float* restrict os, const int64_t H, const int64_t G, const int64_t tok,
-    const int64_t D, const int64_t BS, const int64_t stride, const float scale, const float softcap) {
-    /* One work item: H consecutive KV heads of a sequence (kc/vc offset to the first), G query heads each.
-       qs, os: those H G query heads [H G][D]; s: their score rows [H G][stride]; tok: floats per token row;
-       softcap > 0: scores soft-capped before the softmax */
+    const float* restrict qs, const void* kc, const void* vc, const int32_t* restrict table, const int64_t L,
+    float* restrict s, float* restrict os, float* restrict stats, const int64_t H, const int64_t G,
+    const int64_t tok, const int64_t D, const int64_t BS, const int64_t stride, const float scale,
+    const float softcap, const int kind) {
+    /* One work item: H consecutive KV heads of a sequence (kc/vc offset to the first), G query heads each,
+       over the L keys from the first of `table`'s blocks. qs, os: those H G query heads [H G][D]; s: their
+       score rows [H G][stride]; tok: elements per token row; softcap > 0: scores soft-capped before the
+       softmax; stats (a part of a split context): each row's softmax max and sum [H G][2] (else NULL) */
     const int64_t C = D / VL, R = H * G, width = H * D;
     float q[R * D];
     for (int64_t i = 0; i < R * D; i++) q[i] = qs[i] * scale;
-    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, width);
+    for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, width, kind);
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
-        const float* kb = kc + (int64_t)table[j] * BS * tok;
+        const void* kb = kv_at(kc, (int64_t)table[j] * BS * tok, kind);
         int64_t t = 0;
         for (; t + VL <= n; t += VL) {
             /* the group's K prefetches, 4 token rows at a time, spread between the heads' scores: issued in
                one burst they stall the core once its fill buffers are taken */
             for (int64_t r = 0, a = 0; r < R || a < VL; r++) {
-                if (r < R) score_vl(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
+                if (r < R)
+                    score_vl(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), tok, C, s + r * stride + l0 + t,
+                             kind);
                 if (a < VL) {
                     const int64_t ahead = l0 + t + a + PREFETCH_AHEAD;
-                    if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width);
+                    if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width, kind);
                     a += 4;
                 }
             }
         }
         for (; t + 4 <= n; t += 4) {
             const int64_t ahead = l0 + t + PREFETCH_AHEAD;
-            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width);
+            if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width, kind);
             for (int64_t r = 0; r < R; r++)
-                score4(q + r * D, kb + t * tok + (r / G) * D, tok, C, s + r * stride + l0 + t);
+                score4(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), tok, C, s + r * stride + l0 + t, kind);
         }
         for (; t < n; t++)
-            for (int64_t r = 0; r < R; r++) s[r * stride + l0 + t] = score1(q + r * D, kb + t * tok + (r / G) * D, C);
+            for (int64_t r = 0; r < R; r++)
+                s[r * stride + l0 + t] = score1(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), C, kind);
     }
-    prefetch_rows(vc + (int64_t)table[0] * BS * tok, L < BS ? L : BS, tok, width); /* during the softmax */
+    /* during the softmax */
+    prefetch_rows(kv_at(vc, (int64_t)table[0] * BS * tok, kind), L < BS ? L : BS, tok, width, kind);
     if (softcap > 0.f)
         for (int64_t r = 0; r < R; r++) softcap_row(s + r * stride, L, softcap);
     float inv[R];
-    for (int64_t r = 0; r < R; r++) inv[r] = softmax_numerators(s + r * stride, L);
+    for (int64_t r = 0; r < R; r++) {
+        float mx;
+        inv[r] = softmax_numerators(s + r * stride, L, &mx);
+        if (stats) stats[2 * r] = mx, stats[2 * r + 1] = 1.f / inv[r];
+    }
     for (int64_t i = 0; i < R * D; i++) os[i] = 0.f;
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
-        const float* vb = vc + (int64_t)table[j] * BS * tok;
+        const void* vb = kv_at(vc, (int64_t)table[j] * BS * tok, kind);
         /* V is prefetched in this pass only, a block ahead (the first during the softmax): taken in the score
            pass too, it cost more than it saved (item 40) */
-        const float* next = l0 + BS < L ? vc + (int64_t)table[j + 1] * BS * tok : NULL;
+        const void* next = l0 + BS < L ? kv_at(vc, (int64_t)table[j + 1] * BS * tok, kind) : NULL;
         for (int64_t h = 0; h < H; h++) {
             if (next) /* a share of the rows before each head's products: spread, like the score pass's */
-                prefetch_rows(next + h * BS / H * tok, (h + 1) * BS / H - h * BS / H, tok, width);
-            add_pv_group(s + h * G * stride + l0, stride, vb + h * D, n, tok, C, G, os + h * G * D);
+                prefetch_rows(kv_at(next, h * BS / H * tok, kind), (h + 1) * BS / H - h * BS / H, tok, width, kind);
+            add_pv_group(s + h * G * stride + l0, stride, kv_at(vb, h * D, kind), n, tok, C, G, os + h * G * D,
+                         kind);
         }
     }
     scale_rows(os, inv, R, C);
 }
 
-/* q, out: [B, Hq, D]; k_cache, v_cache: [num_blocks, BS, Hkv, D]; block_tables: [B, W] int32;
-   seq_lens: [B] int32; scores: [B, Hq, stride] scratch, stride >= max seq_len rounded up to 16;
-   softcap > 0: scores -> softcap tanh(scores / softcap) (0: none). All float32, contiguous, D % 16 == 0. */
-void paged_decode_f32(const float* restrict q, const float* restrict kc, const float* restrict vc,
-                      const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
-                      float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
-                      int64_t stride, float scale, float softcap, int nthreads) {
+static inline __attribute__((always_inline)) void decode_item(
+    const float* restrict qs, const void* kc, const void* vc, const int32_t* restrict table, const int64_t L,
+    float* restrict s, float* restrict os, float* restrict stats, const int64_t H, const int64_t G,
+    const int64_t tok, const int64_t D, const int64_t BS, const int64_t stride, const float scale,
+    const float softcap, const int kind) {
+    if (D == 64) /* the common head size, with its loop bounds known to the compiler */
+        decode_heads(qs, kc, vc, table, L, s, os, stats, H, G, tok, 64, BS, stride, scale, softcap, kind);
+    else
+        decode_heads(qs, kc, vc, table, L, s, os, stats, H, G, tok, D, BS, stride, scale, softcap, kind);
+}
+
+static int64_t split_parts(const int32_t* seq_lens, const int64_t B, const int64_t items, const int nthreads) {
+    /* parts per (sequence, KV head): enough work items for every thread, none under SPLIT_MIN_KEYS keys */
+    if (B * items >= SEQ_ITEMS_PER_THREAD * nthreads) return 1;
+    int64_t longest = 0;
+    for (int64_t b = 0; b < B; b++) longest = seq_lens[b] > longest ? seq_lens[b] : longest;
+    const int64_t want = (SEQ_ITEMS_PER_THREAD * nthreads + B * items - 1) / (B * items);
+    const int64_t most = longest / SPLIT_MIN_KEYS;
+    return want < most ? want : most > 1 ? most : 1;
+}
+
+static void combine_parts(const float* restrict partial, const float* restrict stats, const int64_t rows,
+                          const int64_t parts, const int64_t D, float* restrict out) {
+    /* out row r = the parts' outputs weighted by each part's softmax sum under the rows' common max */
+    for (int64_t r = 0; r < rows; r++) {
+        float mx = -INFINITY, total = 0.f;
+        for (int64_t p = 0; p < parts; p++) {
+            const float* st = stats + 2 * (p * rows + r);
+            if (st[1] > 0.f && st[0] > mx) mx = st[0];
+        }
+        float* o = out + r * D;
+        for (int64_t d = 0; d < D; d++) o[d] = 0.f;
+        for (int64_t p = 0; p < parts; p++) {
+            const float* st = stats + 2 * (p * rows + r);
+            if (!(st[1] > 0.f)) continue; /* a part past this sequence's end */
+            const float w = st[1] * expf(st[0] - mx);
+            const float* po = partial + (p * rows + r) * D;
+            for (int64_t d = 0; d < D; d++) o[d] += w * po[d];
+            total += w;
+        }
+        for (int64_t d = 0; d < D; d++) o[d] /= total;
+    }
+}
+
+/* q, out: [B, Hq, D] float32; k_cache, v_cache: [num_blocks, BS, Hkv, D] of kv_dtype; block_tables: [B, W]
+   int32; seq_lens: [B] int32; scores: [B, Hq, stride] scratch, stride >= max seq_len rounded up to 16;
+   softcap > 0: scores -> softcap tanh(scores / softcap) (0: none). Contiguous, D % 16 == 0. Returns 0, or -1
+   when the split parts' memory could not be had. */
+int paged_decode(const float* q, const void* kc, const void* vc, const int32_t kv_dtype, const int32_t* block_tables,
+                 const int32_t* seq_lens, float* out, float* scores, const int64_t B, const int64_t Hq,
+                 const int64_t Hkv, const int64_t D, const int64_t BS, const int64_t W, const int64_t stride,
+                 const float scale, const float softcap, const int nthreads) {
     const int64_t G = Hq / Hkv, tok = Hkv * D;
     /* KV heads an item: all of a sequence's once there are enough sequences, else one */
-    const int64_t H = B >= SEQ_ITEMS_PER_THREAD * nthreads && Hq * D <= MAX_SEQ_QUERY_FLOATS ? Hkv : 1;
-    const int64_t items = Hkv / H;
-#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) /* lengths differ: balance */
-    for (int64_t i = 0; i < B * items; i++) {
-        const int64_t b = i / items, h = i % items * H, off = (b * Hq + h * G) * D;
-        float* s = scores + (b * Hq + h * G) * stride;
-        const int32_t* table = block_tables + b * W;
-        if (D == 64) /* the common head size, with its loop bounds known to the compiler */
-            decode_heads(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, H, G, tok, 64, BS,
-                         stride, scale, softcap);
-        else
-            decode_heads(q + off, kc + h * D, vc + h * D, table, seq_lens[b], s, out + off, H, G, tok, D, BS,
-                         stride, scale, softcap);
+    const int fits = Hq * D <= MAX_SEQ_QUERY_FLOATS;
+    int64_t H = B >= SEQ_ITEMS_PER_THREAD * nthreads && fits ? Hkv : 1;
+    int64_t parts = split_parts(seq_lens, B, Hkv / H, nthreads);
+#ifndef SPLIT_PER_HEAD
+    if (parts > 1 && fits) {
+        H = Hkv;
+        parts = split_parts(seq_lens, B, 1, nthreads);
     }
+#endif
+    const int64_t items = Hkv / H;
+    /* parts > 1: each part's outputs [parts][B Hq][D], then its rows' softmax max and sum [parts][B Hq][2] */
+    float* partial = parts > 1 ? malloc(sizeof(float) * parts * B * Hq * (D + 2)) : NULL;
+    if (parts > 1 && partial == NULL) return -1;
+    float* stats = partial ? partial + parts * B * Hq * D : NULL;
+#pragma omp parallel for num_threads(nthreads) schedule(dynamic, 1) /* lengths differ: balance */
+    for (int64_t i = 0; i < B * items * parts; i++) {
+        const int64_t p = i % parts, b = i / parts / items, h = i / parts % items * H, row = b * Hq + h * G;
+        /* this part's keys: [first, first + n), first a multiple of BS */
+        const int64_t per = (seq_lens[b] + parts - 1) / parts, span = (per + BS - 1) / BS * BS;
+        const int64_t first = p * span, n = seq_lens[b] - first < span ? seq_lens[b] - first : span;
+        float* st = stats ? stats + 2 * (p * B * Hq + row) : NULL;
+        if (n <= 0) { /* past this sequence's end: weighs nothing in the combine */
+            for (int64_t r = 0; r < H * G; r++) st[2 * r] = -INFINITY, st[2 * r + 1] = 0.f;
+            continue;
+        }
+        float* o = partial ? partial + (p * B * Hq + row) * D : out + row * D;
+        const int32_t* table = block_tables + b * W + first / BS;
+        float* s = scores + row * stride + first;
+        const float* qs = q + row * D;
+        if (kv_dtype == KV_BF16)
+            decode_item(qs, kv_at(kc, h * D, KV_BF16), kv_at(vc, h * D, KV_BF16), table, n, s, o, st, H, G, tok, D,
+                        BS, stride, scale, softcap, KV_BF16);
+        else if (kv_dtype == KV_F16)
+            decode_item(qs, kv_at(kc, h * D, KV_F16), kv_at(vc, h * D, KV_F16), table, n, s, o, st, H, G, tok, D,
+                        BS, stride, scale, softcap, KV_F16);
+        else
+            decode_item(qs, kv_at(kc, h * D, KV_F32), kv_at(vc, h * D, KV_F32), table, n, s, o, st, H, G, tok, D,
+                        BS, stride, scale, softcap, KV_F32);
+    }
+    if (partial) {
+        combine_parts(partial, stats, B * Hq, parts, D, out);
+        free(partial);
+    }
+    return 0;
+}
+
+/* One row of n floats into a cache row of kv_dtype, rounded to nearest even as torch's casts round (the
+   torch path writes the same cache) */
+void kv_store_row(void* dst, const float* src, const int64_t n, const int32_t kv_dtype) {
+    if (kv_dtype == KV_F32) {
+        memcpy(dst, src, n * sizeof(float));
+    } else if (kv_dtype == KV_BF16) {
+        uint16_t* d = dst;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u;
+            memcpy(&u, src + i, sizeof u);
+            d[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)(u >> 16 | 0x40) /* NaN stays NaN */
+                                                   : (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
+        }
+    } else {
+        _Float16* d = dst;
+        for (int64_t i = 0; i < n; i++) d[i] = (_Float16)src[i];
+    }
+}
+
+/* paged_prefill_f32 (or a bfloat16 variant, `run`) over a 16-bit cache: the blocks the sequences read, each
+   sequence's as consecutive blocks of a float32 scratch cache, then `run` over that through tables to match.
+   The conversion reads each key once a call; the kernel reads it once a query tile. Returns `run`'s result,
+   or -1 when the scratch could not be had. */
+int paged_prefill_kv(prefill_fn run, const int32_t kv_dtype, const float* q, const int64_t qs, float* out,
+                     const void* kc, const void* vc, const int32_t* tables, const int64_t W, const int64_t* trow,
+                     const int64_t* qstart, const int64_t* qlen, const int64_t* klen, const int64_t S,
+                     const int64_t Hq, const int64_t Hkv, const int64_t D, const int64_t BS, const float scale,
+                     const int nthreads) {
+    if (kv_dtype == KV_F32)
+        return run(q, qs, out, kc, vc, tables, W, trow, qstart, qlen, klen, S, Hq, Hkv, D, BS, scale, nthreads);
+    const int64_t block = BS * Hkv * D; /* elements */
+    int64_t blocks = 0, width = 0;
+    for (int64_t s = 0; s < S; s++) {
+        const int64_t n = (klen[s] + BS - 1) / BS;
+        blocks += n;
+        width = n > width ? n : width;
+    }
+    float* k32 = malloc(sizeof(float) * blocks * block);
+    float* v32 = malloc(sizeof(float) * blocks * block);
+    int32_t* t32 = malloc(sizeof(int32_t) * (S * width + blocks)); /* the new tables, then each block's source */
+    int64_t* rows = malloc(sizeof(int64_t) * S);
+    int rc = -1;
+    if (k32 && v32 && t32 && rows) {
+        int32_t* source = t32 + S * width;
+        for (int64_t s = 0, next = 0; s < S; s++) {
+            rows[s] = s;
+            for (int64_t j = 0; j < (klen[s] + BS - 1) / BS; j++, next++) {
+                t32[s * width + j] = (int32_t)next;
+                source[next] = tables[trow[s] * W + j];
+            }
+        }
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+        for (int64_t i = 0; i < blocks; i++) {
+            const int64_t from = (int64_t)source[i] * block;
+            for (int64_t e = 0; e < block; e += VL) {
+                if (kv_dtype == KV_BF16) {
+                    vst(k32 + i * block + e, vld_bf16(kv_at(kc, from + e, KV_BF16)));
+                    vst(v32 + i * block + e, vld_bf16(kv_at(vc, from + e, KV_BF16)));
+                } else {
+                    vst(k32 + i * block + e, vld_f16(kv_at(kc, from + e, KV_F16)));
+                    vst(v32 + i * block + e, vld_f16(kv_at(vc, from + e, KV_F16)));
+                }
+            }
+        }
+        rc = run(q, qs, out, k32, v32, t32, width, rows, qstart, qlen, klen, S, Hq, Hkv, D, BS, scale, nthreads);
+    }
+    free(k32);
+    free(v32);
+    free(t32);
+    free(rows);
+    return rc;
 }
 
 /* ---- prefill: causal attention of prompt chunks over their context, K/V read in place (flash style) ----

@@ -42,6 +42,14 @@ typedef enum {
     ROPE_LOCAL,  /* cos_local/sin_local: Gemma 3's sliding layers */
 } rope_tables_t;
 
+/* The element type of the paged K/V caches (--kv-cache-dtype): attention converts each element to float32
+   as it reads it, and accumulates in float32 */
+typedef enum {
+    KV_F32,
+    KV_BF16,
+    KV_F16,
+} kv_dtype_t;
+
 /* A layer's mixture of experts (Mixtral, Qwen3-MoE): softmax over the router's logits, each token's top_k
    experts (their probabilities renormalized to sum to 1 where `normalize`), sum of weight x expert MLP */
 typedef struct {
@@ -63,9 +71,10 @@ typedef struct {
     int32_t qk_norm_per_head;
     int32_t rope;         /* rope_tables_t */
     float residual_scale; /* each block's output times this before the residual add (Granite; else 1) */
-    float *k_cache, *v_cache; /* [blocks, BS, Hkv, D] */
+    void *k_cache, *v_cache;  /* [blocks, BS, Hkv, D] of kv_dtype */
     const experts_t* experts; /* NULL: a dense MLP */
     int64_t rope_dim;         /* the first rope_dim of each head are rotated (its tables' width), the rest pass */
+    int32_t kv_dtype;         /* kv_dtype_t */
 } layer_t;
 
 /* paged_prefill_f32 and its bfloat16 variants */
@@ -92,10 +101,14 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
                  int64_t gemm_min, int nthreads);
 
 /* attention/paged.c */
-void paged_decode_f32(const float* restrict q, const float* restrict kc, const float* restrict vc,
-                      const int32_t* restrict block_tables, const int32_t* restrict seq_lens, float* restrict out,
-                      float* restrict scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W,
-                      int64_t stride, float scale, float softcap, int nthreads);
+int paged_decode(const float* q, const void* kc, const void* vc, int32_t kv_dtype, const int32_t* block_tables,
+                 const int32_t* seq_lens, float* out, float* scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
+                 int64_t BS, int64_t W, int64_t stride, float scale, float softcap, int nthreads);
+int paged_prefill_kv(prefill_fn run, int32_t kv_dtype, const float* q, int64_t qs, float* out, const void* kc,
+                     const void* vc, const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
+                     const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
+                     int64_t BS, float scale, int nthreads);
+void kv_store_row(void* dst, const float* src, int64_t n, int32_t kv_dtype);
 int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,

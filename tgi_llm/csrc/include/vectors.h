@@ -55,6 +55,38 @@ static inline void vst(float* p, V v) { memcpy(p, &v, sizeof v); }
 static inline float vsum(V v) { float s = 0.f; for (int i = 0; i < VL; i++) s += v[i]; return s; }
 #endif
 
+/* VL bfloat16 or float16 values from p as float32 lanes: the 16-bit K/V caches, converted in registers. A
+   bfloat16 is a float32's top half; float16 takes F16C (AVX-512 has it), else GCC's _Float16 lane by lane. */
+static inline V vld_bf16(const void* p) {
+#if defined(__AVX512F__)
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+#elif defined(__AVX2__) && defined(__FMA__)
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+#else
+    uint16_t h[VL];
+    uint32_t w[VL];
+    memcpy(h, p, sizeof h);
+    for (int i = 0; i < VL; i++) w[i] = (uint32_t)h[i] << 16;
+    V v;
+    memcpy(&v, w, sizeof v);
+    return v;
+#endif
+}
+
+static inline V vld_f16(const void* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+#else
+    _Float16 h[VL];
+    memcpy(h, p, sizeof h);
+    V v;
+    for (int i = 0; i < VL; i++) v[i] = (float)h[i];
+    return v;
+#endif
+}
+
 /* Fully unroll a short loop of constant trip count: register-blocked accumulators stay in registers. */
 #define UNROLL _Pragma("GCC unroll 16")
 

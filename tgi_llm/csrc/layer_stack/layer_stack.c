@@ -111,9 +111,10 @@ static void gelu_tanh_mul(const float* restrict gu, float* restrict y, int64_t M
     }
 }
 
-/* a row's q (normalized per head or over the projection, then rotated) into q_out, and its K/V into the cache */
+/* a row's q (normalized per head or over the projection, then rotated) into q_out, and its K/V into the cache
+   rows kdst, vdst (of the layer's kv_dtype: rounded there from float32) */
 static void qkv_row(const layer_t* ly, float* restrict row, const float* c, const float* s, float* restrict q_out,
-                    float* restrict kdst, float* restrict vdst, int64_t Hq, int64_t Hkv, int64_t D, float eps) {
+                    void* kdst, void* vdst, int64_t Hq, int64_t Hkv, int64_t D, float eps) {
     if (ly->q_norm && ly->qk_norm_per_head) {
         for (int64_t h = 0; h < Hq; h++) rmsnorm_inplace(row + h * D, ly->q_norm, D, eps);
         for (int64_t h = 0; h < Hkv; h++) rmsnorm_inplace(row + (Hq + h) * D, ly->k_norm, D, eps);
@@ -121,18 +122,20 @@ static void qkv_row(const layer_t* ly, float* restrict row, const float* c, cons
         rmsnorm_inplace(row, ly->q_norm, Hq * D, eps);
         rmsnorm_inplace(row + Hq * D, ly->k_norm, Hkv * D, eps);
     }
+    float k[Hkv * D];
     if (ly->rope == ROPE_NONE) {
         memcpy(q_out, row, Hq * D * sizeof(float));
-        memcpy(kdst, row + Hq * D, Hkv * D * sizeof(float));
+        memcpy(k, row + Hq * D, Hkv * D * sizeof(float));
     } else {
         const int64_t R = ly->rope_dim; /* partial rotary (Phi-4-mini): the rest of the head passes as it is */
         for (int64_t h = 0; h < Hq + Hkv; h++) {
-            float* dst = h < Hq ? q_out + h * D : kdst + (h - Hq) * D;
+            float* dst = h < Hq ? q_out + h * D : k + (h - Hq) * D;
             rope_row(row + h * D, c, s, dst, R);
             memcpy(dst + R, row + h * D + R, (D - R) * sizeof(float));
         }
     }
-    memcpy(vdst, row + (Hq + Hkv) * D, Hkv * D * sizeof(float));
+    kv_store_row(kdst, k, Hkv * D, ly->kv_dtype);
+    kv_store_row(vdst, row + (Hq + Hkv) * D, Hkv * D, ly->kv_dtype);
 }
 
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
@@ -148,7 +151,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
                 int64_t BS, int64_t stride, float scale, float softcap, float eps, int32_t activation,
                 int nthreads) {
-    const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D;
+    const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D, kv_bytes = layers[0].kv_dtype == KV_F32 ? 4 : 2;
     int64_t expert_floats = 0;
     for (int64_t l = 0; l < L; l++)
         if (layers[l].experts) {
@@ -170,13 +173,13 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
         for (int64_t m = 0; m < M; m++)
             qkv_row(ly, qkv + m * QKV, c + m * ly->rope_dim, sn + m * ly->rope_dim, q + m * Hq * D,
-                    ly->k_cache + slots[m] * tok, ly->v_cache + slots[m] * tok, Hq, Hkv, D, eps);
-        if (B)
-            paged_decode_f32(q, ly->k_cache, ly->v_cache, tables, seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride,
-                             scale, softcap, nthreads);
-        if (prompts->S && prompts->run(q, Hq * D, att, ly->k_cache, ly->v_cache, tables, W, prompts->trow,
-                                       prompts->qstart, prompts->qlen, prompts->klen, prompts->S, Hq, Hkv, D, BS,
-                                       scale, nthreads)) {
+                    (char*)ly->k_cache + slots[m] * tok * kv_bytes, (char*)ly->v_cache + slots[m] * tok * kv_bytes,
+                    Hq, Hkv, D, eps);
+        if ((B && paged_decode(q, ly->k_cache, ly->v_cache, ly->kv_dtype, tables, seq_lens, att, scores, B, Hq, Hkv,
+                               D, BS, W, stride, scale, softcap, nthreads)) ||
+            (prompts->S && paged_prefill_kv(prompts->run, ly->kv_dtype, q, Hq * D, att, ly->k_cache, ly->v_cache,
+                                            tables, W, prompts->trow, prompts->qstart, prompts->qlen, prompts->klen,
+                                            prompts->S, Hq, Hkv, D, BS, scale, nthreads))) {
             free(scratch);
             return -1;
         }
