@@ -8,8 +8,15 @@ import pytest
 import torch
 
 from tests.test_hugepages import anon_huge_kb, mapping_of, thp_mode
+from tgi_llm.engine.options import EngineOptions
 from tgi_llm.hugepages import HUGE_PAGE
-from tgi_llm.kv_cache import allocate_kv_cache
+from tgi_llm.kv_cache import (
+    allocate_kv_cache,
+    as_cached,
+    gather_kv,
+    resolve_kv_cache_dtype,
+    write_kv_cache,
+)
 
 #: 33.5 MB per K or V tensor: large enough for a mapping of its own.
 CONFIG = SimpleNamespace(num_key_value_heads=2, head_dim=64, num_hidden_layers=2)
@@ -42,3 +49,33 @@ def test_written_blocks_lie_in_huge_pages_unless_turned_off(use_settings):
     plain, _ = allocate_kv_cache(CONFIG, num_blocks=4096, block_size=16)[0]
     plain.view(-1)[: 2 * HUGE_PAGE // 4].fill_(1.0)
     assert anon_huge_kb(*mapping_of(plain)) == 0
+
+
+def test_kv_cache_dtype_auto_is_the_model_dtype_and_names_are_types():
+    assert resolve_kv_cache_dtype(None, torch.float32) == torch.float32
+    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float16", torch.float32) == torch.float16
+    assert resolve_kv_cache_dtype("bfloat16", torch.float16) == torch.bfloat16
+
+
+def test_an_unknown_kv_cache_dtype_is_refused_by_name():
+    with pytest.raises(ValueError, match="`kv_cache_dtype` must be one of auto, float32, bfloat16, float16"):
+        EngineOptions(kv_cache_dtype="int3")
+    assert EngineOptions.from_parameters({"kv_cache_dtype": "bfloat16"}).kv_cache_dtype == "bfloat16"
+    assert EngineOptions.from_parameters({"kv_cache_dtype": ""}).kv_cache_dtype is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_a_cache_of_each_type_stores_rounded_tokens_and_reads_them_back_in_any_type(dtype):
+    caches = allocate_kv_cache(SimpleNamespace(num_key_value_heads=2, head_dim=8, num_hidden_layers=1), 4, 4, dtype)
+    k_cache, v_cache = caches[0]
+    assert k_cache.dtype == v_cache.dtype == dtype and k_cache.shape == (4, 4, 2, 8)
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(6, 2, 8, generator=gen), torch.randn(6, 2, 8, generator=gen)
+    slots = torch.tensor([4, 5, 6, 7, 12, 13])  # blocks 1 and 3
+    write_kv_cache(k, v, k_cache, v_cache, slots)
+    got = gather_kv(k_cache, torch.tensor([[1, 3]]), 2, torch.float32)[0, [0, 1, 2, 3, 4, 5]]
+    assert got.dtype == torch.float32
+    assert torch.equal(got, as_cached(k, k_cache)) and torch.equal(got, k.to(dtype).float())
+    assert torch.equal(gather_kv(v_cache, torch.tensor([[1, 3]]), 2)[0, :6], v.to(dtype))
+    assert (as_cached(k, k_cache) is k) == (dtype == torch.float32)  # nothing to round in a float32 cache

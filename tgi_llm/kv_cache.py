@@ -23,6 +23,13 @@ logger = logging.getLogger(__name__)
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
+def resolve_kv_cache_dtype(name: str | None, dtype: torch.dtype) -> torch.dtype:
+    """The K/V caches' element type for --kv-cache-dtype `name`. None or "auto": `dtype`, the --dtype the
+    model runs in, as TGI and vLLM resolve it. On the CPU that keeps the default float32 token-exact with
+    transformers, and --dtype bfloat16, which already rounds activations to bfloat16, gets a bfloat16 cache;
+    a 16-bit cache under a float32 model is the choice for long contexts (docs/PERFORMANCE.md)."""
+    return dtype if name in (None, "auto") else getattr(torch, name)
+
 
 def _zeros_cpu(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """Zeros in fresh anonymous memory (Linux backs it with zero pages on first touch, so the pool costs
@@ -57,7 +64,7 @@ def allocate_kv_cache(
 def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store new tokens' K/V ([T, Hkv, D]) at their slots."""
+    """Store new tokens' K/V ([T, Hkv, D]) at their slots, rounded to the cache's type (to nearest even)."""
     num_blocks, block_size, heads, dim = k_cache.shape
     flat_k = k_cache.view(num_blocks * block_size, heads, dim)
     flat_v = v_cache.view(num_blocks * block_size, heads, dim)
@@ -65,11 +72,20 @@ def write_kv_cache(
     flat_v.index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int) -> torch.Tensor:
+def as_cached(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+    """x as a read from `cache` gives it back: rounded through the cache's type, in x's type. Attention over
+    new tokens' fresh K/V sees what later steps will read of them."""
+    return x if cache.dtype == x.dtype else x.to(cache.dtype).to(x.dtype)
+
+
+def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int,
+              dtype: torch.dtype | None = None) -> torch.Tensor:
     """The first `num_blocks` blocks of each row of `block_tables` ([B, >=num_blocks]) as one
-    contiguous run per sequence: [B, num_blocks * block_size, Hkv, D]."""
+    contiguous run per sequence: [B, num_blocks * block_size, Hkv, D], in `dtype` (None: the cache's)."""
     _, block_size, heads, dim = cache.shape
     blocks = block_tables[:, :num_blocks].to(torch.long)
     # index_select on the flat block ids: several times faster on CPU than advanced indexing
     gathered = cache.index_select(0, blocks.reshape(-1))
+    if dtype is not None:
+        gathered = gathered.to(dtype)
     return gathered.view(blocks.shape[0], num_blocks * block_size, heads, dim)

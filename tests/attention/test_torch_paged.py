@@ -26,12 +26,14 @@ def reference(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, scale
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).float()
 
 
-def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int, dim: int = D) -> None:
-    """Each step: (sequence id, number of new tokens). Checks output and cache contents every step."""
+def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int, dim: int = D,
+              kv_dtype: torch.dtype = torch.float32) -> None:
+    """Each step: (sequence id, number of new tokens). Checks output and cache contents every step: with a
+    16-bit cache, attention is exactly attention over the K/V history rounded to it, prompt tokens included."""
     gen = torch.Generator().manual_seed(0)
     batcher = paged_batcher(block_size=block_size, num_blocks=64)
-    k_cache = torch.zeros(64, block_size, HKV, dim)
-    v_cache = torch.zeros(64, block_size, HKV, dim)
+    k_cache = torch.zeros(64, block_size, HKV, dim, dtype=kv_dtype)
+    v_cache = torch.zeros(64, block_size, HKV, dim, dtype=kv_dtype)
     history: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     backend = TorchPagedAttention()
     scale = 1 / math.sqrt(dim)
@@ -44,8 +46,8 @@ def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int
         start = 0
         for sid, n in step:
             old_k, old_v = history.get(sid, (torch.empty(0, HKV, dim), torch.empty(0, HKV, dim)))
-            k_hist = torch.cat([old_k, k[start : start + n]])
-            v_hist = torch.cat([old_v, v[start : start + n]])
+            k_hist = torch.cat([old_k, k[start : start + n].to(kv_dtype).float()])
+            v_hist = torch.cat([old_v, v[start : start + n].to(kv_dtype).float()])
             history[sid] = (k_hist, v_hist)
             expected = reference(q[start : start + n], k_hist, v_hist, scale)
             torch.testing.assert_close(out[start : start + n], expected, rtol=1e-5, atol=1e-5)
@@ -53,29 +55,32 @@ def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int
             table = batcher.tables[sid]
             pos = torch.arange(k_hist.shape[0])
             blocks = torch.tensor(table)[pos // block_size]
-            torch.testing.assert_close(k_cache[blocks, pos % block_size], k_hist)
-            torch.testing.assert_close(v_cache[blocks, pos % block_size], v_hist)
+            assert torch.equal(k_cache[blocks, pos % block_size].float(), k_hist)
+            assert torch.equal(v_cache[blocks, pos % block_size].float(), v_hist)
             start += n
 
 
-def test_mixed_prefill_chunked_prefill_and_decode(paged_batcher):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_mixed_prefill_chunked_prefill_and_decode(paged_batcher, kv_dtype):
     steps = [
         [(0, 7), (1, 1), (2, 12)],  # prefills, one of a single token
         [(0, 1), (1, 5), (2, 1)],  # decode, chunked prefill over a cached prefix, decode
         [(3, 9), (0, 1), (1, 1), (2, 3)],  # new prefill next to decodes and a chunk
         [(0, 1), (1, 1), (2, 1), (3, 1)],  # pure decode: the batched path
     ]
-    run_steps(paged_batcher, steps, block_size=4)
+    run_steps(paged_batcher, steps, block_size=4, kv_dtype=kv_dtype)
 
 
 @pytest.mark.parametrize("prefill_kernel", [True, False])
-def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch, c_kernels, prefill_kernel):
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch, c_kernels, prefill_kernel,
+                                                     kv_dtype):
     """Head size 16, which the C kernels take: decodes through the decode kernel, prompt chunks through
-    whichever prefill was chosen at load (cpu_kernels._choose_prefill)."""
+    whichever prefill was chosen at load (cpu_kernels._choose_prefill), from each cache type."""
     kernels = cpu_attention_kernels()
     monkeypatch.setattr(kernels, "prefill_wins", prefill_kernel)
     steps = [[(0, 7), (1, 1), (2, 12)], [(0, 1), (1, 5), (2, 1)], [(3, 9), (0, 1), (1, 1), (2, 3)]]
-    run_steps(paged_batcher, steps, block_size=4, dim=16)
+    run_steps(paged_batcher, steps, block_size=4, dim=16, kv_dtype=kv_dtype)
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])

@@ -53,6 +53,14 @@ def test_scheduling_policy_by_flag_or_env_reaches_the_model_and_only_known_ones_
         parse_args(["--scheduling-policy", "lifo"], {})
 
 
+def test_kv_cache_dtype_by_flag_or_env_reaches_the_model_and_only_known_ones_pass():
+    assert model_parameters(check([]), "/m")["kv_cache_dtype"] == "auto"
+    assert model_parameters(check(["--kv-cache-dtype", "bfloat16"]), "/m")["kv_cache_dtype"] == "bfloat16"
+    assert model_parameters(check([], {"KV_CACHE_DTYPE": "float16"}), "/m")["kv_cache_dtype"] == "float16"
+    with pytest.raises(SystemExit):
+        parse_args(["--kv-cache-dtype", "int3"], {})
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -138,6 +138,22 @@ def test_two_shards_give_the_greedy_tokens_of_one(tiny_llama_dir):
     assert shard_pids() == []
 
 
+def test_two_shards_with_a_16_bit_kv_cache_give_the_tokens_of_one(tiny_llama_dir):
+    """Every rank allocates the cache type rank 0 resolved (ShardSetup.kv_cache_dtype); a rank caches half
+    the KV heads, so the same memory holds twice the blocks; the same tokens."""
+    prompts = ["Hello, my name is", list(range(20, 60))]
+    kwargs = {"kv_cache_memory_gb": 0.05, "max_total_tokens": 256, "kv_cache_dtype": "bfloat16"}
+    with LLM(str(tiny_llama_dir), **kwargs) as one:
+        want = run_requests(one, prompts, {"max_new_tokens": 12})
+        blocks = one.engine.stats().kv_blocks_total
+    with LLM(str(tiny_llama_dir), num_shard=2, **kwargs) as two:
+        assert two.engine.stats().kv_blocks_total == 2 * blocks
+        assert all(k.dtype == torch.bfloat16 for pair in two.engine.runner.kv_caches for k in pair)
+        got = run_requests(two, prompts, {"max_new_tokens": 12})
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert shard_pids() == []
+
+
 def test_two_shards_verify_draft_tokens_and_give_the_tokens_of_one(tiny_llama_dir):
     """The plan codec carries each decode's draft tokens and moved starts: both ranks run the same rows."""
     prompts = [list(range(20, 40)) * 3, "Hello, my name is"]

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from tgi_llm.attention.cpu_kernels import PrefillSequence, cpu_attention_kernels
 from tgi_llm.attention.metadata import AttentionMetadata
-from tgi_llm.kv_cache import gather_kv, write_kv_cache
+from tgi_llm.kv_cache import as_cached, gather_kv, write_kv_cache
 
 
 class TorchPagedAttention:
@@ -113,8 +113,8 @@ class TorchPagedAttention:
         batch, num_heads, dim = q.shape
         block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
         num_blocks = -(-max(seq_lens_cpu) // block_size)
-        keys = gather_kv(k_cache, block_tables, num_blocks).transpose(1, 2)  # [B, Hkv, L, D]
-        values = gather_kv(v_cache, block_tables, num_blocks).transpose(1, 2)
+        keys = gather_kv(k_cache, block_tables, num_blocks, q.dtype).transpose(1, 2)  # [B, Hkv, L, D]
+        values = gather_kv(v_cache, block_tables, num_blocks, q.dtype).transpose(1, 2)
         # GQA without repeating K/V: the G query heads sharing a KV head act as G queries of it.
         queries = q.view(batch, kv_heads, num_heads // kv_heads, dim)
         positions = torch.arange(keys.shape[2], device=q.device)
@@ -138,12 +138,12 @@ class TorchPagedAttention:
         cached = seq_len - q_len
         # Contiguous [1, H, L, D]: SDPA's CPU flash kernel is ~5x slower on the transposed views.
         queries = q.transpose(0, 1).contiguous().unsqueeze(0)
-        if cached == 0:  # nothing cached before: the new K/V are the whole context
-            keys, values, mask, causal = k, v, None, True
+        if cached == 0:  # nothing cached before: the new K/V (as the cache holds them) are the whole context
+            keys, values, mask, causal = as_cached(k, k_cache), as_cached(v, v_cache), None, True
         else:
             num_blocks = -(-seq_len // k_cache.shape[1])
-            keys = gather_kv(k_cache, block_table, num_blocks)[0, :seq_len]
-            values = gather_kv(v_cache, block_table, num_blocks)[0, :seq_len]
+            keys = gather_kv(k_cache, block_table, num_blocks, q.dtype)[0, :seq_len]
+            values = gather_kv(v_cache, block_table, num_blocks, q.dtype)[0, :seq_len]
             # causal, offset by the cached prefix: query i sits at absolute position cached + i
             rows = torch.arange(q_len, device=q.device)[:, None] + cached
             mask, causal = torch.arange(seq_len, device=q.device)[None, :] <= rows, False
@@ -180,8 +180,8 @@ def windowed_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         table = attn.block_tables[i : i + 1, first_block:]
         offset = first_block * block_size
         blocks = -(-(seq_len - offset) // block_size)
-        keys = gather_kv(k_cache, table, blocks)[0, : seq_len - offset].transpose(0, 1)  # [Hkv, L, D]
-        values = gather_kv(v_cache, table, blocks)[0, : seq_len - offset].transpose(0, 1)
+        keys = gather_kv(k_cache, table, blocks, q.dtype)[0, : seq_len - offset].transpose(0, 1)  # [Hkv, L, D]
+        values = gather_kv(v_cache, table, blocks, q.dtype)[0, : seq_len - offset].transpose(0, 1)
         queries = q[start : start + q_len].view(q_len, kv_heads, heads // kv_heads, dim).permute(1, 2, 0, 3)
         scores = torch.matmul(queries, keys.transpose(-1, -2)[:, None]) * scale  # [Hkv, G, Lq, L]
         if softcap is not None:

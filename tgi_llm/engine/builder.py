@@ -65,7 +65,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     from transformers import AutoTokenizer
 
     from tgi_llm.attention import preferred_block_size
-    from tgi_llm.kv_cache import allocate_kv_cache
+    from tgi_llm.kv_cache import allocate_kv_cache, resolve_kv_cache_dtype
     from tgi_llm.models.config import attention_cost_per_context_token, kv_cache_bytes_per_token
     from tgi_llm.models.loader import load_model
     from tgi_llm.quant.modes import parse_quantize
@@ -76,6 +76,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     check_static_limits(opts.limits)  # fail before spending time on weights
     quantization = parse_quantize(opts.quantize, opts.quantize_group_size)
     device, dtype = resolve_device_and_dtype(opts)
+    kv_dtype = resolve_kv_cache_dtype(opts.kv_cache_dtype, dtype)
     if device.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(opts.model_id)
@@ -85,7 +86,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
         from tgi_llm.parallel import ShardGroup
 
         shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id(),
-                                   opts.quantize, opts.quantize_group_size)
+                                   opts.quantize, opts.quantize_group_size, opts.kv_cache_dtype)
     model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
                                quantization=quantization)
     block_size = opts.limits.block_size
@@ -93,7 +94,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
     dtype = model.dtype  # what the layers compute in (bfloat16 on the CPU: float32 with bfloat16 weights)
-    per_token = kv_cache_bytes_per_token(config, dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
+    _check_kv_dtype_fits_backend(model, kv_dtype)
+    per_token = kv_cache_bytes_per_token(config, kv_dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
     kv_tokens = kv_cache_budget_bytes(opts, device, per_token) // per_token
     from dataclasses import replace
 
@@ -105,11 +107,12 @@ def _build_engine(opts: EngineOptions) -> Engine:
     limits = resolve_limits(limit_opts, config.max_position_embeddings,
                             kv_tokens, default_step_tokens(device.type), default_step_target_ms(device.type))
     kv_caches = allocate_kv_cache(shards.cache_config(config) if shards else config, limits.num_blocks, block_size,
-                                  dtype, device)
+                                  kv_dtype, device)
     logger.info(
-        "KV cache: %d blocks of %d tokens (%.2f GiB, %d bytes/token); prefix caching %s, chunked prefill %s "
+        "KV cache: %d blocks of %d tokens in %s (%.2f GiB, %d bytes/token); prefix caching %s, chunked prefill %s "
         "(step budget %d tokens, paced to %s ms while streams decode)", limits.num_blocks, block_size,
-        limits.num_blocks * block_size * per_token / 2**30, per_token, "on" if limits.prefix_caching else "off",
+        str(kv_dtype).removeprefix("torch."), limits.num_blocks * block_size * per_token / 2**30, per_token,
+        "on" if limits.prefix_caching else "off",
         "on" if limits.prefill_chunking else "off", limits.max_batch_prefill_tokens,
         limits.prefill_step_target_ms or "-",
     )
@@ -123,7 +126,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
         runner = ShardedModelRunner(shards, model, kv_caches, block_size, config.vocab_size, device, frozenset(eos))
     proposer = None
     if opts.speculative_model:
-        proposer = _draft_model_proposer(opts.speculative_model, tokenizer, config.vocab_size, limits, dtype, device)
+        proposer = _draft_model_proposer(opts.speculative_model, tokenizer, config.vocab_size, limits, dtype, device,
+                                         kv_dtype)
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size, proposer=proposer)
     engine.scheduler.pacer.context_weight = attention_cost_per_context_token(config)
@@ -141,9 +145,20 @@ def _build_engine(opts: EngineOptions) -> Engine:
     return engine
 
 
+def _check_kv_dtype_fits_backend(model, kv_dtype: torch.dtype) -> None:
+    """flash-attn reads a cache of the queries' own dtype only."""
+    from tgi_llm.errors import ArgumentValidationError
+
+    if getattr(getattr(model, "attention_backend", None), "name", None) == "flash-attn" and kv_dtype != model.dtype:
+        raise ArgumentValidationError(
+            f"`kv_cache_dtype` {str(kv_dtype).removeprefix('torch.')} differs from the model's dtype "
+            f"{str(model.dtype).removeprefix('torch.')}, which flash-attn needs: use --kv-cache-dtype auto, or "
+            "the torch attention backend")
+
+
 def _draft_model_proposer(model_id: str, tokenizer, vocab_size: int, limits, dtype: torch.dtype,
-                          device: torch.device):
-    """The draft model for --speculative-model, with a KV pool laid out like the target's."""
+                          device: torch.device, kv_dtype: torch.dtype):
+    """The draft model for --speculative-model, with a KV pool laid out like the target's, of the same type."""
     from transformers import AutoTokenizer
 
     from tgi_llm.errors import ArgumentValidationError
@@ -163,10 +178,11 @@ def _draft_model_proposer(model_id: str, tokenizer, vocab_size: int, limits, dty
         raise ArgumentValidationError(
             f"`speculative_model` {model_id} has another tokenizer than the model: its guesses would be other tokens")
     draft, draft_config = load_model(draft_dir, dtype=dtype, device=device)
-    kv = allocate_kv_cache(draft_config, limits.num_blocks, limits.block_size, draft.dtype, device)
+    _check_kv_dtype_fits_backend(draft, kv_dtype)
+    kv = allocate_kv_cache(draft_config, limits.num_blocks, limits.block_size, kv_dtype, device)
     runner = ModelRunner(draft, kv, limits.block_size, draft_config.vocab_size, device)
     runner.warm_up()
-    per_token = kv_cache_bytes_per_token(draft_config, draft.dtype)
+    per_token = kv_cache_bytes_per_token(draft_config, kv_dtype)
     logger.info("speculative model %s: guesses up to %d tokens per step; its KV pool %.2f GiB", model_id,
                 limits.speculate, limits.num_blocks * limits.block_size * per_token / 2**30)
     return DraftModelProposer(runner, vocab_size)

@@ -8,6 +8,8 @@ from typing import Any
 from tgi_llm.engine.limits import LimitOptions
 
 DTYPES = ("float32", "bfloat16", "float16")
+#: --kv-cache-dtype: auto (the model's --dtype: tgi_llm/kv_cache.py) or the element type of the K/V caches.
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -16,6 +18,7 @@ class EngineOptions:
     dtype: str | None = None  # None: float32 on CPU, bfloat16 on CUDA
     device: str | None = None  # None: cuda when available, else cpu
     kv_cache_memory_gb: float | None = None  # None: derived from free memory
+    kv_cache_dtype: str | None = None  # None: auto
     num_shard: int = 1
     quantize: str | None = None  # --quantize (tgi_llm/quant/modes.py); None: by the weights
     quantize_group_size: int | None = None
@@ -26,6 +29,9 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"`dtype` must be one of {', '.join(DTYPES)}. Given: {self.dtype}")
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"`kv_cache_dtype` must be one of {', '.join(KV_CACHE_DTYPES)}. "
+                             f"Given: {self.kv_cache_dtype}")
         if self.num_shard < 1:
             raise ValueError(f"`num_shard` must be >= 1. Given: {self.num_shard}")
 

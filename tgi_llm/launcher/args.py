@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tgi_llm.engine.limits import SCHEDULING_POLICIES, SHORTEST_PROMPT
+from tgi_llm.engine.options import KV_CACHE_DTYPES
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.speculation.policy import SERVED_SPECULATE
 
@@ -94,6 +95,10 @@ FLAGS: list[Flag] = [
          help="A smaller model with the same tokenizer (directory, hub id in the cache, or GGUF file) whose greedy "
               "guesses --speculate verifies, instead of prompt lookup (--speculate defaults to 4 with it)"),
     Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: 2 GiB on CPU, 80%% of free memory on CUDA)"),
+    Flag("kv_cache_dtype", default="auto", choices=KV_CACHE_DTYPES,
+         help="Element type of the KV cache: auto (the --dtype the model runs in: float32 on the CPU by "
+              "default), float32, bfloat16 or float16; 16 bits hold twice the tokens in the same memory and "
+              "decode long contexts faster"),
     Flag("huggingface_hub_cache", help="Where hub downloads go"),
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
     Flag("log_level", default="info", env="LOG_LEVEL", help="TGI's LOG_LEVEL (info, debug, warn, error)"),
@@ -268,6 +273,7 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "quantize_group_size": args.quantize_group_size,
         "speculative_model": _absolute_if_local(args.speculative_model),
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
+        "kv_cache_dtype": args.kv_cache_dtype,
         "json_output": "true" if args.json_output else "false",
         "validation_workers": args.validation_workers,
     }

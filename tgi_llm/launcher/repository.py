@@ -89,6 +89,7 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "quantize": "",
     "quantize_group_size": "",
     "kv_cache_memory_gb": "",
+    "kv_cache_dtype": "",
     "max_concurrent_requests": "128",
     "max_best_of": "2",
     "max_stop_sequences": "4",

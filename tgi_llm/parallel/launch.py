@@ -73,6 +73,7 @@ class ShardSetup:
     start_timeout_s: float
     quantize: str = ""  # --quantize and its group size ("" / 0: unset), so every rank loads the same format
     quantize_group_size: int = 0
+    kv_cache_dtype: str = ""  # --kv-cache-dtype ("": auto, the dtype above), so every rank caches the same type
 
 
 def check_tp_split(config: ModelConfig, num_shard: int, model: str = "the model") -> None:
@@ -139,7 +140,7 @@ class ShardGroup:
     @classmethod
     def launch(cls, num_shard: int, model_dir: str | Path, dtype: torch.dtype, device: torch.device,
                model_name: str | None = None, quantize: str | None = None,
-               quantize_group_size: int | None = None) -> ShardGroup:
+               quantize_group_size: int | None = None, kv_cache_dtype: str | None = None) -> ShardGroup:
         config = read_config_dir(model_dir)
         check_tp_split(config, num_shard, model_name or str(model_dir))
         if device.type == "cuda" and torch.cuda.device_count() < (device.index or 0) + num_shard:
@@ -155,7 +156,7 @@ class ShardGroup:
                               timeout=timedelta(seconds=START_TIMEOUT_S))
         setup = ShardSetup(str(model_dir), str(dtype).removeprefix("torch."), str(device), num_shard, store.port,
                            os.getpid(), threads, COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S, quantize or "",
-                           quantize_group_size or 0)
+                           quantize_group_size or 0, kv_cache_dtype or "")
         pids, guards = _spawn(setup)
         logger.info("spawned %d shard processes (pids %s) for %s", num_shard - 1, pids, model_dir)
         return cls(num_shard, pids, guards, store, device)

@@ -81,7 +81,7 @@ def serve(rank: int, setup: ShardSetup) -> int:
     import torch
     import torch.distributed as dist
 
-    from tgi_llm.kv_cache import allocate_kv_cache
+    from tgi_llm.kv_cache import allocate_kv_cache, resolve_kv_cache_dtype
     from tgi_llm.models.loader import load_model
     from tgi_llm.parallel.comm import SETUP, STEP, STOP, PlanChannel, destroy_groups, init_groups
     from tgi_llm.parallel.launch import local_config
@@ -111,8 +111,8 @@ def serve(rank: int, setup: ShardSetup) -> int:
     op, geometry = channel.recv()
     assert op == SETUP, f"expected the KV-cache geometry first, got op {op}"
     num_blocks, block_size = geometry.tolist()
-    caches = allocate_kv_cache(local_config(config, setup.world_size), num_blocks, block_size,
-                               getattr(torch, setup.dtype), device)
+    kv_dtype = resolve_kv_cache_dtype(setup.kv_cache_dtype or None, getattr(torch, setup.dtype))
+    caches = allocate_kv_cache(local_config(config, setup.world_size), num_blocks, block_size, kv_dtype, device)
     runner = ModelRunner(model, caches, block_size, config.vocab_size, device)
     decoder = PlanDecoder()
     logger.info("ready: %d KV blocks of %d tokens on %s", num_blocks, block_size, device)
