@@ -91,6 +91,18 @@ def rss_bytes() -> int:
         return 0
 
 
+def available_bytes() -> int | None:
+    """The kernel's estimate of memory that can be had without swapping (MemAvailable; None off Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def account(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> MemoryAccount:
     kv = [t for pair in kv_caches for t in pair]
     rss = rss_bytes()

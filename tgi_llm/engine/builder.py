@@ -10,8 +10,15 @@ from pathlib import Path
 import torch
 
 from tgi_llm.engine.engine import Engine
-from tgi_llm.engine.limits import check_static_limits, default_step_target_ms, default_step_tokens, resolve_limits
+from tgi_llm.engine.limits import (
+    LimitOptions,
+    check_static_limits,
+    default_step_target_ms,
+    default_step_tokens,
+    resolve_limits,
+)
 from tgi_llm.engine.options import EngineOptions
+from tgi_llm.errors import ArgumentValidationError
 
 logger = logging.getLogger(__name__)
 
@@ -42,14 +49,42 @@ def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
     return ids
 
 
+def asked_context(limits: LimitOptions) -> int | None:
+    """The longest request the flags ask for (--max-total-tokens, else one past --max-input-tokens)."""
+    if limits.max_total_tokens is not None:
+        return limits.max_total_tokens
+    return None if limits.max_input_tokens is None else limits.max_input_tokens + 1
+
+
 def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device, per_token: int) -> int:
-    """What the pool may hold when --max-batch-total-tokens is not given (when it is, it sizes the pool)."""
+    """What the pool may hold when --max-batch-total-tokens is not given (when it is, it sizes the pool).
+    On the CPU: DEFAULT_CPU_KV_TOKENS, or one request of the asked context where that is longer."""
     if opts.kv_cache_memory_gb is not None:
         return int(opts.kv_cache_memory_gb * 2**30)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_KV_CACHE_FRACTION)
-    return DEFAULT_CPU_KV_TOKENS * per_token
+    return max(DEFAULT_CPU_KV_TOKENS, asked_context(opts.limits) or 0) * per_token
+
+
+def check_context_fits(opts: EngineOptions, kv_tokens: int, per_token: int, kv_dtype: torch.dtype,
+                       available: int | None) -> None:
+    """Fail at start-up, naming the flags and the bytes, when one request of the asked context cannot fit:
+    not in the pool's budget, or (`available`: memory the machine can give, None: unknown) not in memory."""
+    asked = asked_context(opts.limits)
+    if asked is None or opts.limits.max_batch_total_tokens is not None:
+        return  # TGI's token checks (resolve_limits) cover a pool sized in tokens
+    need = asked * per_token
+    what = (f"`max_total_tokens` {asked} needs {need / 2**30:.2f} GiB of KV cache ({per_token} bytes a token in "
+            f"{str(kv_dtype).removeprefix('torch.')})")
+    remedies = "lower `--max-total-tokens`, or store the cache in 16 bits with `--kv-cache-dtype bfloat16`"
+    if asked > kv_tokens:
+        raise ArgumentValidationError(
+            f"Not enough KV-cache memory: {what}, but the budget holds {kv_tokens} tokens "
+            f"({kv_tokens * per_token / 2**30:.2f} GiB); raise `--kv-cache-memory-gb`, {remedies}")
+    if available is not None and need > available:
+        raise ArgumentValidationError(
+            f"Not enough memory: {what}, but the machine has {available / 2**30:.2f} GiB available; {remedies}")
 
 
 def build_engine(opts: EngineOptions) -> Engine:
@@ -97,6 +132,9 @@ def _build_engine(opts: EngineOptions) -> Engine:
     _check_kv_dtype_fits_backend(model, kv_dtype)
     per_token = kv_cache_bytes_per_token(config, kv_dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
     kv_tokens = kv_cache_budget_bytes(opts, device, per_token) // per_token
+    from tgi_llm.memory import available_bytes
+
+    check_context_fits(opts, kv_tokens, per_token, kv_dtype, available_bytes() if device.type == "cpu" else None)
     from dataclasses import replace
 
     limit_opts = replace(opts.limits, block_size=block_size)
@@ -147,8 +185,6 @@ def _build_engine(opts: EngineOptions) -> Engine:
 
 def _check_kv_dtype_fits_backend(model, kv_dtype: torch.dtype) -> None:
     """flash-attn reads a cache of the queries' own dtype only."""
-    from tgi_llm.errors import ArgumentValidationError
-
     if getattr(getattr(model, "attention_backend", None), "name", None) == "flash-attn" and kv_dtype != model.dtype:
         raise ArgumentValidationError(
             f"`kv_cache_dtype` {str(kv_dtype).removeprefix('torch.')} differs from the model's dtype "
@@ -161,7 +197,6 @@ def _draft_model_proposer(model_id: str, tokenizer, vocab_size: int, limits, dty
     """The draft model for --speculative-model, with a KV pool laid out like the target's, of the same type."""
     from transformers import AutoTokenizer
 
-    from tgi_llm.errors import ArgumentValidationError
     from tgi_llm.kv_cache import allocate_kv_cache
     from tgi_llm.models.config import kv_cache_bytes_per_token
     from tgi_llm.models.loader import load_model
