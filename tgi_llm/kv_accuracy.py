@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tgi_llm.attention.metadata import AttentionMetadata
-from tgi_llm.kv_cache import allocate_kv_cache
-from tgi_llm.quant.accuracy import Agreement
+from tgi_llm.quant.accuracy import Agreement, prefill_hidden
 
 #: Rows of hidden states turned into logits at a time (a row is vocab_size floats).
 _LOGIT_ROWS = 1024
@@ -33,16 +31,10 @@ class NextTokenStats:
 def sequence_stats(model, ids: list[int], kv_dtype: torch.dtype, block_size: int = 16) -> NextTokenStats:
     """One sequence in one prefill over a KV cache of `kv_dtype` of its own."""
     n = len(ids)
-    blocks = -(-n // block_size)
-    caches = allocate_kv_cache(model.config, blocks, block_size, kv_dtype)
-    attn = AttentionMetadata(
-        slot_mapping=torch.arange(n, dtype=torch.int64), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
-        seq_lens=torch.tensor([n], dtype=torch.int32), block_tables=torch.arange(blocks, dtype=torch.int32)[None],
-        query_lens_cpu=[n], seq_lens_cpu=[n], block_size=block_size)
+    hidden = prefill_hidden(model, model.config, ids, kv_dtype, block_size)[: n - 1]
     following = torch.tensor(ids[1:])
     argmax, logprob = [], []
     with torch.inference_mode():
-        hidden = model(torch.tensor(ids), torch.arange(n), caches, attn)[: n - 1]
         for start in range(0, n - 1, _LOGIT_ROWS):
             rows = model.compute_logits(hidden[start:start + _LOGIT_ROWS]).float().log_softmax(-1)
             argmax.append(rows.argmax(-1))

@@ -17,30 +17,50 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tgi_llm.bench.floor import MatmulFloor  # noqa: E402
 
 
-def runner_with_own_cache(llm, num_blocks: int):
-    """A ModelRunner over the engine's model with a KV cache of `num_blocks` blocks of its own, so a
-    benchmark leaves the engine's cache untouched."""
+def runner_with_own_cache(llm, num_blocks: int, dtype: torch.dtype | None = None):
+    """A ModelRunner over the engine's model with a KV cache of `num_blocks` blocks of its own (of `dtype`;
+    None: the engine's cache type), so a benchmark leaves the engine's cache untouched."""
     from tgi_llm.kv_cache import allocate_kv_cache
     from tgi_llm.runner.model_runner import ModelRunner
 
     engine_runner = llm.engine.runner
     model, bs = engine_runner.model, engine_runner.block_size
-    caches = allocate_kv_cache(model.config, num_blocks, bs, model.dtype)
+    caches = allocate_kv_cache(model.config, num_blocks, bs, dtype or engine_runner.kv_caches[0][0].dtype)
     return ModelRunner(model, caches, bs, model.config.vocab_size, engine_runner.device)
+
+
+def greedy_step_timer(runner, plan) -> Callable[[], float]:
+    """A function that runs `plan`'s decode step (forward + greedy sampling, as the engine's runner does it)
+    and returns its seconds."""
+    from tgi_llm.request import SamplingParams
+
+    batch = len(plan.seqs)
+    greedy = [SamplingParams()] * batch
+
+    def step() -> float:
+        t0 = time.perf_counter()
+        out = runner.sampler(runner.forward_plan(plan)[1], greedy, [None] * batch, None, 0)
+        out.next_token_ids.tolist()
+        out.logprobs.tolist()
+        return time.perf_counter() - t0
+
+    return step
 
 
 def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     """A decode step of `batch` sequences at `context` tokens (forward + greedy sampling, as the engine's
     runner does it) against the matmul floor, interleaved; own KV cache, so the engine's stays untouched."""
     from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
-    from tgi_llm.request import SamplingParams
 
     model = llm.engine.runner.model
     per_seq = -(-context // llm.engine.runner.block_size)
@@ -50,14 +70,7 @@ def bench_decode_vs_floor(llm, batch: int, context: int, reps: int) -> dict:
     rng = random.Random(0)
     plan = StepPlan([ScheduledSeq(i, pos, [rng.randrange(1000, 20000)], tables[i], samples=True, is_decode=True)
                      for i in range(batch)])
-    greedy = [SamplingParams()] * batch
-
-    def step() -> float:
-        t0 = time.perf_counter()
-        out = runner.sampler(runner.forward_plan(plan)[1], greedy, [None] * batch, None, 0)
-        out.next_token_ids.tolist()
-        out.logprobs.tolist()
-        return time.perf_counter() - t0
+    step = greedy_step_timer(runner, plan)
 
     floor = MatmulFloor(model, batch)
     step(), floor.run()

@@ -41,32 +41,20 @@ def read_bandwidth(gib: float = 1.0, reps: int = 5) -> float:
 def decode_step(llm, context: int, dtype: torch.dtype):
     """A function timing one greedy decode step of one sequence at `context` tokens, over a cache of `dtype`
     filled with random values (zero pages would read from nowhere)."""
-    from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
-    from tgi_llm.kv_cache import allocate_kv_cache
-    from tgi_llm.request import SamplingParams
-    from tgi_llm.runner.model_runner import ModelRunner
+    from bench_decode_floor import greedy_step_timer, runner_with_own_cache
 
-    engine_runner = llm.engine.runner
-    model, block_size = engine_runner.model, engine_runner.block_size
-    blocks = -(-context // block_size)
-    caches = allocate_kv_cache(model.config, blocks, block_size, dtype)
+    from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
+
+    blocks = -(-context // llm.engine.runner.block_size)
+    runner = runner_with_own_cache(llm, blocks, dtype)
     gen = torch.Generator().manual_seed(0)
-    for k, v in caches:
+    for k, v in runner.kv_caches:
         for cache in (k, v):
             cache.copy_(torch.randn(cache.shape, generator=gen))
-    runner = ModelRunner(model, caches, block_size, model.config.vocab_size, engine_runner.device)
     table = list(range(blocks))
     random.Random(0).shuffle(table)  # a pool's blocks are scattered
-    plan = StepPlan([ScheduledSeq(0, context - 1, [1000], table, samples=True, is_decode=True)])
-    greedy = [SamplingParams()]
-
-    def step() -> float:
-        t0 = time.perf_counter()
-        out = runner.sampler(runner.forward_plan(plan)[1], greedy, [None], None, 0)
-        out.next_token_ids.tolist()
-        return time.perf_counter() - t0
-
-    return step
+    return greedy_step_timer(runner, StepPlan([ScheduledSeq(0, context - 1, [1000], table, samples=True,
+                                                            is_decode=True)]))
 
 
 def main(argv: list[str] | None = None) -> int:

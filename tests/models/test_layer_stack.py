@@ -44,6 +44,21 @@ def _steps(rng: random.Random, rows: int):
     yield [(i, [rng.randrange(3, 250)]) for i in range(rows + 1)]
 
 
+def _fused_and_torch_steps(fused, reference, fused_kv, reference_kv, batcher, steps, use_settings, tolerance):
+    """Each step through the fused stack and through the torch layers (each over its own caches), outputs
+    equal within `tolerance` (rtol, atol); returns how many steps were pure decodes."""
+    decode_steps = 0
+    for chunks in steps:
+        ids, positions, attn = batcher.step(chunks)
+        got = fused(ids, positions, fused_kv, attn)
+        use_settings(fused_decode=False)
+        want = reference(ids, positions, reference_kv, attn)
+        use_settings(fused_decode=True)
+        torch.testing.assert_close(got, want, rtol=tolerance[0], atol=tolerance[1])
+        decode_steps += attn.is_pure_decode
+    return decode_steps
+
+
 @pytest.mark.parametrize(("model_type", "mode"), [("llama", "int4"), ("llama", "int8"), ("qwen2", "int4"),
                                                ("llama", "float"), ("qwen2", "float")])
 @pytest.mark.parametrize("rows", [3, GEMM_MIN_TOKENS + 1, Q8_GEMM_MIN_TOKENS + 1, FLOAT_GEMM_MIN_TOKENS + 1])
@@ -57,15 +72,8 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
     reference, _ = load_model(model_dir, quantization=Quantization(mode))
     fused_kv, reference_kv = _caches(fused, num_blocks=512), _caches(reference, num_blocks=512)
     batcher = paged_batcher(block_size=4, num_blocks=512)
-    decode_steps = 0
-    for chunks in _steps(random.Random(rows), rows):
-        ids, positions, attn = batcher.step(chunks)
-        got = fused(ids, positions, fused_kv, attn)
-        use_settings(fused_decode=False)
-        want = reference(ids, positions, reference_kv, attn)
-        use_settings(fused_decode=True)
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        decode_steps += attn.is_pure_decode
+    decode_steps = _fused_and_torch_steps(fused, reference, fused_kv, reference_kv, batcher,
+                                          _steps(random.Random(rows), rows), use_settings, (1e-4, 1e-5))
     stack = fused._fused[1]
     assert isinstance(stack, FusedLayerStack) and stack.agrees is True  # it ran (and its first steps were checked)
     assert stack.checked == {"decode", "mixed", "verify"}
@@ -88,13 +96,8 @@ def test_a_16_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batch
     reference, _ = load_model(model_dir, quantization=Quantization("int8"))
     fused_kv, reference_kv = (_caches(m, num_blocks=512, dtype=kv_dtype) for m in (fused, reference))
     batcher = paged_batcher(block_size=4, num_blocks=512)
-    for chunks in _steps(random.Random(7), 3):
-        ids, positions, attn = batcher.step(chunks)
-        got = fused(ids, positions, fused_kv, attn)
-        use_settings(fused_decode=False)
-        want = reference(ids, positions, reference_kv, attn)
-        use_settings(fused_decode=True)
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+    _fused_and_torch_steps(fused, reference, fused_kv, reference_kv, batcher, _steps(random.Random(7), 3),
+                           use_settings, (1e-3, 1e-3))
     stack = fused._fused[1]
     assert isinstance(stack, FusedLayerStack) and stack.checked == {"decode", "mixed", "verify"}
     for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):

@@ -55,17 +55,25 @@ def kernels_at_every_length() -> Iterator[None]:
         quant_linear.GEMM_MIN_TOKENS, quant_linear.Q8_GEMM_MIN_TOKENS = saved
 
 
-def sequence_logits(model, config, ids: list[int], block_size: int = 16) -> torch.Tensor:
-    """float32 logits [len(ids), V] of one sequence in one prefill, with a KV cache of its own."""
+def prefill_hidden(model, config, ids: list[int], kv_dtype: torch.dtype, block_size: int = 16) -> torch.Tensor:
+    """The final hidden states [len(ids), H] of one sequence in one prefill, over a KV cache of `kv_dtype`
+    of its own (attention reads every K/V from it, as decode steps would)."""
     blocks = -(-len(ids) // block_size)
-    caches = allocate_kv_cache(config, blocks, block_size, model.dtype)
+    caches = allocate_kv_cache(config, blocks, block_size, kv_dtype)
     n = len(ids)
     attn = AttentionMetadata(
         slot_mapping=torch.arange(n, dtype=torch.int64), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
         seq_lens=torch.tensor([n], dtype=torch.int32), block_tables=torch.arange(blocks, dtype=torch.int32)[None],
         query_lens_cpu=[n], seq_lens_cpu=[n], block_size=block_size)
     with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), torch.arange(n), caches, attn))
+        return model(torch.tensor(ids), torch.arange(n), caches, attn)
+
+
+def sequence_logits(model, config, ids: list[int], block_size: int = 16) -> torch.Tensor:
+    """float32 logits [len(ids), V] of one sequence in one prefill, with a KV cache of its own."""
+    hidden = prefill_hidden(model, config, ids, model.dtype, block_size)
+    with torch.inference_mode():
+        return model.compute_logits(hidden)
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,6 @@
 #define PREFETCH_AHEAD 16 /* tokens (8, 16 and 32 measured the same; no prefetch: 35% slower) */
 #define SPLIT_MIN_KEYS 128 /* keys a part at least: its fixed costs (the queries, the prefetch's start) */
 
-static inline __attribute__((always_inline)) int64_t kv_bytes(const int kind) { return kind == KV_F32 ? 4 : 2; }
-
 /* element i of a cache (or of a row) of kv_dtype_t `kind` */
 static inline __attribute__((always_inline)) const void* kv_at(const void* base, const int64_t i, const int kind) {
     return (const char*)base + i * kv_bytes(kind);

@@ -50,6 +50,9 @@ typedef enum {
     KV_F16,
 } kv_dtype_t;
 
+/* bytes of one cache element */
+static inline __attribute__((always_inline)) int64_t kv_bytes(const int kind) { return kind == KV_F32 ? 4 : 2; }
+
 /* A layer's mixture of experts (Mixtral, Qwen3-MoE): softmax over the router's logits, each token's top_k
    experts (their probabilities renormalized to sum to 1 where `normalize`), sum of weight x expert MLP */
 typedef struct {

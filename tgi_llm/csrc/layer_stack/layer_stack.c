@@ -151,7 +151,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
                 int64_t BS, int64_t stride, float scale, float softcap, float eps, int32_t activation,
                 int nthreads) {
-    const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D, kv_bytes = layers[0].kv_dtype == KV_F32 ? 4 : 2;
+    const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D, row_bytes = tok * kv_bytes(layers[0].kv_dtype);
     int64_t expert_floats = 0;
     for (int64_t l = 0; l < L; l++)
         if (layers[l].experts) {
@@ -173,7 +173,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
         for (int64_t m = 0; m < M; m++)
             qkv_row(ly, qkv + m * QKV, c + m * ly->rope_dim, sn + m * ly->rope_dim, q + m * Hq * D,
-                    (char*)ly->k_cache + slots[m] * tok * kv_bytes, (char*)ly->v_cache + slots[m] * tok * kv_bytes,
+                    (char*)ly->k_cache + slots[m] * row_bytes, (char*)ly->v_cache + slots[m] * row_bytes,
                     Hq, Hkv, D, eps);
         if ((B && paged_decode(q, ly->k_cache, ly->v_cache, ly->kv_dtype, tables, seq_lens, att, scores, B, Hq, Hkv,
                                D, BS, W, stride, scale, softcap, nthreads)) ||
