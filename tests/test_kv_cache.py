@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from tests.test_hugepages import anon_huge_kb, mapping_of, thp_mode
-from tgi_llm.engine.options import EngineOptions
+from tgi_llm import kv_cache
 from tgi_llm.hugepages import HUGE_PAGE
 from tgi_llm.kv_cache import (
+    CPU_AUTO_KV_DTYPE,
     allocate_kv_cache,
     as_cached,
     gather_kv,
@@ -51,18 +52,23 @@ def test_written_blocks_lie_in_huge_pages_unless_turned_off(use_settings):
     assert anon_huge_kb(*mapping_of(plain)) == 0
 
 
-def test_kv_cache_dtype_auto_is_the_model_dtype_and_names_are_types():
-    assert resolve_kv_cache_dtype(None, torch.float32) == torch.float32
-    assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
-    assert resolve_kv_cache_dtype("float16", torch.float32) == torch.float16
-    assert resolve_kv_cache_dtype("bfloat16", torch.float16) == torch.bfloat16
+@pytest.mark.parametrize("auto", [None, "auto"])
+def test_auto_kv_cache_dtype_is_the_cpu_default_or_the_gpu_model_s_dtype(auto, monkeypatch):
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 1)
+    assert resolve_kv_cache_dtype(auto, cpu, torch.float32) == CPU_AUTO_KV_DTYPE == torch.float32
+    assert resolve_kv_cache_dtype(auto, cpu, torch.bfloat16) == torch.float32  # the CPU computes K/V in float32
+    assert resolve_kv_cache_dtype(auto, gpu, torch.bfloat16) == torch.bfloat16
+    assert resolve_kv_cache_dtype(auto, "cuda", torch.float16) == torch.float16
+    monkeypatch.setattr(kv_cache, "CPU_AUTO_KV_DTYPE", torch.float16)  # the CPU's choice lives in one constant
+    assert resolve_kv_cache_dtype(auto, cpu, torch.float32) == torch.float16
+    assert resolve_kv_cache_dtype(auto, gpu, torch.float32) == torch.float32
 
 
-def test_an_unknown_kv_cache_dtype_is_refused_by_name():
-    with pytest.raises(ValueError, match="`kv_cache_dtype` must be one of auto, float32, bfloat16, float16"):
-        EngineOptions(kv_cache_dtype="int3")
-    assert EngineOptions.from_parameters({"kv_cache_dtype": "bfloat16"}).kv_cache_dtype == "bfloat16"
-    assert EngineOptions.from_parameters({"kv_cache_dtype": ""}).kv_cache_dtype is None
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_a_named_kv_cache_dtype_is_that_type_on_any_device(device):
+    assert resolve_kv_cache_dtype("float16", device, torch.float32) == torch.float16
+    assert resolve_kv_cache_dtype("bfloat16", device, torch.float16) == torch.bfloat16
+    assert resolve_kv_cache_dtype("float32", device, torch.bfloat16) == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -23,12 +23,18 @@ logger = logging.getLogger(__name__)
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
-def resolve_kv_cache_dtype(name: str | None, dtype: torch.dtype) -> torch.dtype:
-    """The K/V caches' element type for --kv-cache-dtype `name`. None or "auto": `dtype`, the --dtype the
-    model runs in, as TGI and vLLM resolve it. On the CPU that keeps the default float32 token-exact with
-    transformers, and --dtype bfloat16, which already rounds activations to bfloat16, gets a bfloat16 cache;
-    a 16-bit cache under a float32 model is the choice for long contexts (docs/PERFORMANCE.md)."""
-    return dtype if name in (None, "auto") else getattr(torch, name)
+#: The cache type --kv-cache-dtype auto picks on the CPU, whatever --dtype (the CPU computes K/V in float32
+#: even then). The default is chosen from the measurements in docs/PERFORMANCE.md ("Long contexts"):
+#: float32 keeps token-exact parity with transformers; 16 bits halve KV memory and long-context decode time.
+CPU_AUTO_KV_DTYPE = torch.float32
+
+
+def resolve_kv_cache_dtype(name: str | None, device: str | torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """The K/V caches' element type for --kv-cache-dtype `name`. None or "auto": on the CPU CPU_AUTO_KV_DTYPE,
+    elsewhere `model_dtype`, the dtype the model computes in (flash-attn reads no other)."""
+    if name not in (None, "auto"):
+        return getattr(torch, name)
+    return CPU_AUTO_KV_DTYPE if torch.device(device).type == "cpu" else model_dtype
 
 
 def _zeros_cpu(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 import tgi_llm.quant.linear as quant_linear
 from tgi_llm.attention.metadata import AttentionMetadata
-from tgi_llm.kv_cache import allocate_kv_cache
+from tgi_llm.kv_cache import allocate_kv_cache, resolve_kv_cache_dtype
 
 HELD_OUT_MODULES = ("argparse", "difflib", "pickle", "textwrap", "unittest", "logging", "heapq", "decimal",
                     "collections", "json", "csv", "shlex", "fractions", "statistics", "calendar")
@@ -58,7 +58,8 @@ def kernels_at_every_length() -> Iterator[None]:
 def sequence_logits(model, config, ids: list[int], block_size: int = 16) -> torch.Tensor:
     """float32 logits [len(ids), V] of one sequence in one prefill, with a KV cache of its own."""
     blocks = -(-len(ids) // block_size)
-    caches = allocate_kv_cache(config, blocks, block_size, model.dtype)
+    # the cache type a server holds by default (--kv-cache-dtype auto), so both models are measured as served
+    caches = allocate_kv_cache(config, blocks, block_size, resolve_kv_cache_dtype(None, model.device, model.dtype))
     n = len(ids)
     attn = AttentionMetadata(
         slot_mapping=torch.arange(n, dtype=torch.int64), query_start_loc=torch.tensor([0, n], dtype=torch.int32),
