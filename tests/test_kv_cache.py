@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from tests.test_hugepages import anon_huge_kb, mapping_of, thp_mode
-from tgi_llm.engine.options import EngineOptions
 from tgi_llm.hugepages import HUGE_PAGE
 from tgi_llm.kv_cache import (
     allocate_kv_cache,
@@ -56,13 +55,7 @@ def test_kv_cache_dtype_auto_is_the_model_dtype_and_names_are_types():
     assert resolve_kv_cache_dtype("auto", torch.bfloat16) == torch.bfloat16
     assert resolve_kv_cache_dtype("float16", torch.float32) == torch.float16
     assert resolve_kv_cache_dtype("bfloat16", torch.float16) == torch.bfloat16
-
-
-def test_an_unknown_kv_cache_dtype_is_refused_by_name():
-    with pytest.raises(ValueError, match="`kv_cache_dtype` must be one of auto, float32, bfloat16, float16"):
-        EngineOptions(kv_cache_dtype="int3")
-    assert EngineOptions.from_parameters({"kv_cache_dtype": "bfloat16"}).kv_cache_dtype == "bfloat16"
-    assert EngineOptions.from_parameters({"kv_cache_dtype": ""}).kv_cache_dtype is None
+    assert resolve_kv_cache_dtype("float32", torch.bfloat16) == torch.float32
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

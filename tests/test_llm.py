@@ -249,6 +249,52 @@ def test_a_16_bit_kv_cache_holds_twice_the_tokens_and_stays_with_the_reference(d
         assert agreed >= 0.75 * 3 * 12, [g.token_ids for g in got]
 
 
+#: The second prompt reuses the first's cached blocks; the others are of other lengths.
+KV_PREFIX = list(range(100, 160))
+KV_PROMPTS = [KV_PREFIX + [7, 8, 9], KV_PREFIX + list(range(300, 340)), [5, 17, 300, 42], list(range(1000, 1023))]
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_llama_dir) -> list[list[int]]:
+    return reference_greedy(tiny_llama_dir, KV_PROMPTS, 24)
+
+
+@pytest.mark.parametrize(("kv_dtype", "prefill_kernel"), [
+    ("float32", True), ("bfloat16", True), ("bfloat16", False), ("float16", False),
+], ids=["float32", "bfloat16", "bfloat16 sdpa prompts", "float16 sdpa prompts"])
+def test_each_kv_cache_dtype_through_prefix_reuse_batching_and_chunked_prefill(
+        tiny_llama_dir, tiny_reference, monkeypatch, c_kernels, kv_dtype, prefill_kernel):
+    """The tiny model caches 128 values a token (2 layers x K and V x 2 KV heads x 16): the same budget holds
+    twice the blocks in 16 bits. A prompt read from the prefix cache, computed in 16-token chunks or whole
+    gives the same tokens and logprobs (a prompt attends its K/V as the cache holds them, as later steps read
+    them), through the C prefill kernel or SDPA. float32 gives transformers' tokens; 16 bits agree with them."""
+    from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+
+    monkeypatch.setattr(cpu_attention_kernels(), "prefill_wins", prefill_kernel)
+    dtype, params = getattr(torch, kv_dtype), {"max_new_tokens": 24, "ignore_eos": True}
+    options = {"kv_cache_memory_gb": 0.05, "block_size": 4, "kv_cache_dtype": kv_dtype}
+    with LLM(str(tiny_llama_dir), **options) as llm:
+        assert all(t.dtype == dtype for pair in llm.engine.runner.kv_caches for t in pair)
+        one_by_one = [llm.generate([p], params)[0].final for p in KV_PROMPTS]
+        together = [r.final for r in llm.generate(KV_PROMPTS, params)]
+        stats, memory = llm.engine.stats(), llm.engine.memory_account()
+    with LLM(str(tiny_llama_dir), **options, prefix_caching=False, max_batch_prefill_tokens=16) as llm:
+        chunked = [r.final for r in llm.generate(KV_PROMPTS, params)]
+    block_bytes = 4 * 128 * dtype.itemsize
+    assert stats.kv_blocks_total == int(0.05 * 2**30) // block_bytes  # 26,214 in float32, 52,428 in 16 bits
+    assert memory.kv_cache == stats.kv_blocks_total * block_bytes
+    assert one_by_one[1].cached_tokens == len(KV_PREFIX)
+    for run in (together, chunked):
+        for got, want in zip(run, one_by_one, strict=True):
+            assert got.token_ids == want.token_ids
+            assert max(abs(a.logprob - b.logprob) for a, b in zip(got.tokens, want.tokens, strict=True)) < 3e-5
+    if dtype == torch.float32:
+        assert [f.token_ids for f in one_by_one] == tiny_reference
+    else:  # 16-bit K/V read as anything else would part at once
+        agreed = sum(common_prefix(f.token_ids, want) for f, want in zip(one_by_one, tiny_reference, strict=True))
+        assert agreed >= 0.75 * 4 * 24, [f.token_ids for f in one_by_one]
+
+
 @pytest.mark.slow
 def test_min_new_tokens_holds_eos_back(default_llm):
     prompt = chat(default_llm.tokenizer, "What is the capital of France?")

@@ -83,6 +83,32 @@ def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch,
     run_steps(paged_batcher, steps, block_size=4, dim=16, kv_dtype=kv_dtype)
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("window", "softcap"), [(5, None), (None, 20.0), (5, 20.0)])
+def test_window_and_softcap_read_a_16_bit_cache_as_a_float32_cache_of_its_rounded_k_v(paged_batcher, kv_dtype,
+                                                                                      window, softcap):
+    """The per-sequence path (windowed_attention; head size 8, which the C kernels do not take): exactly the
+    float32 cache's attention over K/V rounded to the 16-bit type, and near the float32 cache's over the same
+    K/V (16-bit rounding: bfloat16 keeps 8 significant bits, float16 11)."""
+    gen = torch.Generator().manual_seed(0)
+    batcher = paged_batcher(block_size=4, num_blocks=16)
+    sixteen, rounded, exact = ((torch.zeros(16, 4, HKV, D, dtype=t), torch.zeros(16, 4, HKV, D, dtype=t))
+                               for t in (kv_dtype, torch.float32, torch.float32))
+    backend, scale = TorchPagedAttention(), 1 / math.sqrt(D)
+    tolerance = 2e-2 if kv_dtype == torch.bfloat16 else 3e-3
+    for step in ([(0, 7), (1, 12)], [(0, 1), (1, 1)], [(0, 3), (1, 1)]):  # prompts, decodes, a chunk and a decode
+        _, _, attn = batcher.step([(sid, [0] * n) for sid, n in step])
+        total = sum(n for _, n in step)
+        q, k, v = (torch.randn(total, h, D, generator=gen) for h in (HQ, HKV, HKV))
+        got = backend.forward(q, k, v, *sixteen, attn, scale, window, softcap)
+        as_stored = backend.forward(q, k.to(kv_dtype).float(), v.to(kv_dtype).float(), *rounded, attn, scale,
+                                    window, softcap)
+        unrounded = backend.forward(q, k, v, *exact, attn, scale, window, softcap)
+        assert torch.equal(got, as_stored)
+        torch.testing.assert_close(got, unrounded, rtol=tolerance, atol=tolerance)
+        assert not torch.equal(got, unrounded)  # the cache did round
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 def test_block_sizes(paged_batcher, block_size):
     steps = [[(0, 5), (1, 2)], [(0, 1), (1, 1)], [(0, 1), (1, 6)], [(0, 1), (1, 1)]]

@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer, decoders
 from tokenizers.models import WordLevel
 
-from tgi_llm.engine.detokenizer import IncrementalDetokenizer
+from tgi_llm.engine.detokenizer import IncrementalDetokenizer, _skipped_ids
 
 
 def _stream(tokenizer, prompt: list[int], generated: list[int], **kwargs) -> tuple[list[str], str]:
@@ -91,6 +91,7 @@ class _CountingTokenizer:
     def __init__(self, tokenizer):
         self._tokenizer = tokenizer
         self.window_sizes: list[int] = []
+        self.all_special_ids = tokenizer.all_special_ids  # what a slow tokenizer's decode skips
 
     def decode(self, ids, skip_special_tokens=False, clean_up_tokenization_spaces=None):
         self.window_sizes.append(len(ids))
@@ -105,6 +106,34 @@ def test_each_step_decodes_a_short_window(tokenizer):
     assert len(generated) > 300
     assert max(counting.window_sizes) <= 8  # independent of the output length
     assert len(counting.window_sizes) <= 2 * len(generated) + 2
+
+
+def test_a_run_of_skipped_special_tokens_keeps_the_window_short(tokenizer):
+    # ignore_eos past the end: EOS after EOS adds no text, and must not make each step decode the whole run.
+    counting = _CountingTokenizer(tokenizer)
+    eos = tokenizer.eos_token_id
+    generated = _encode(tokenizer, "The end.") + [eos] * 2000 + _encode(tokenizer, " More 世界 text")
+    deltas, tail = _stream(counting, _encode(tokenizer, "Go:"), generated)
+    assert "".join(deltas) + tail == tokenizer.decode(generated, skip_special_tokens=True)
+    assert max(counting.window_sizes) <= 8
+    assert len(counting.window_sizes) <= 2 * (len(generated) - 2000) + 2  # the skipped ones decode nothing
+
+
+def test_specials_kept_when_not_skipped_still_decode_in_short_windows(tokenizer):
+    counting = _CountingTokenizer(tokenizer)
+    generated = [tokenizer.eos_token_id] * 500
+    deltas, tail = _stream(counting, [], generated, skip_special_tokens=False)
+    assert "".join(deltas) + tail == tokenizer.decode(generated, skip_special_tokens=False)
+    assert max(counting.window_sizes) <= 8
+
+
+def test_the_ids_left_out_of_the_window_are_those_decoding_drops(tokenizer):
+    skipped = _skipped_ids(tokenizer)
+    assert tokenizer.eos_token_id in skipped and len(skipped) >= len(tokenizer.all_special_ids)
+    word = _encode(tokenizer, " word")
+    for token_id in range(len(tokenizer)):
+        dropped = tokenizer.decode(word + [token_id] + word, skip_special_tokens=True) == " word word"
+        assert dropped == (token_id in skipped), token_id
 
 
 def test_metaspace_leading_space_survives_thanks_to_prompt_context():

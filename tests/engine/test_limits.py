@@ -1,6 +1,6 @@
 import pytest
 
-from tgi_llm.engine.limits import LimitOptions, resolve_limits
+from tgi_llm.engine.limits import LimitOptions, resolve_limits, resolve_max_total_tokens
 from tgi_llm.errors import ArgumentValidationError
 
 
@@ -40,9 +40,35 @@ def test_bad_combinations_name_both_values(opts, message):
         resolve_limits(opts, max_position_embeddings=8192, kv_cache_tokens=100_000)
 
 
-def test_kv_budget_too_small_for_one_request_is_explained():
-    with pytest.raises(ArgumentValidationError, match="Not enough KV-cache memory"):
-        resolve_limits(LimitOptions(), max_position_embeddings=8192, kv_cache_tokens=1000)
+def test_kv_budget_too_small_for_one_request_names_max_total_tokens_not_the_prefill_budget_derived_from_it():
+    """The builder names the bytes first (test_builder.py); called alone, TGI's check on the pool says it."""
+    for chunking in (True, False):
+        with pytest.raises(ArgumentValidationError,
+                           match=r"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: 4096 and 992"):
+            resolve_limits(LimitOptions(prefill_chunking=chunking), max_position_embeddings=8192,
+                           kv_cache_tokens=992)
+
+
+@pytest.mark.parametrize(("asked", "context", "resolved"), [
+    ({}, 8192, 4096),  # TGI's default
+    ({}, 1024, 1024),  # the model's context where shorter: max_position_embeddings 256 x --rope-factor 4
+    ({"max_input_tokens": 100}, 8192, 4096),
+    ({"max_input_tokens": 40000}, 8192, 40001),
+    ({"max_total_tokens": 32768, "max_input_tokens": 32000}, 8192, 32768),
+])
+def test_the_longest_request_resolves_as_resolve_limits_resolves_it(asked, context, resolved):
+    opts = LimitOptions(**asked)
+    assert resolve_max_total_tokens(opts, context) == resolved
+    assert resolve_limits(opts, context, 100_000).max_total_tokens == resolved
+
+
+def test_a_context_past_what_the_model_allows_is_served_with_a_warning_as_tgi_does(caplog):
+    opts = LimitOptions(max_input_tokens=32000, max_total_tokens=32768)
+    assert resolve_limits(opts, 8192, 40_000).max_total_tokens == 32768
+    assert "exceeds the 8192 positions the model allows" in caplog.text and "--rope-factor" in caplog.text
+    caplog.clear()
+    resolve_limits(opts, 8192 * 4, 40_000)  # --rope-factor 4
+    assert "exceeds" not in caplog.text
 
 
 def test_derived_prefill_budget_shrinks_to_fit_cache():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
@@ -72,6 +73,44 @@ def test_a_streamed_no_tool_answer_sends_no_tool_call():
     assert stream.feed(answer[:30]) == [] and stream.feed(answer[30:]) == []
     rest, parsed = stream.finish()
     assert rest == [] and parsed.content == "Just text"
+
+
+def _split(rng, text: str) -> list[str]:
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, min(12, len(text) - 1))))
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+
+
+def test_streamed_calls_come_out_the_same_however_the_answer_is_cut():
+    rng = random.Random(0)
+    call = '{"name":"get_weather","arguments":{"city":"Paris","days":3}}'
+    for _ in range(200):
+        stream = ToolCallStream()
+        pieces = [p for chunk in _split(rng, call) for p in stream.feed(chunk)]
+        rest, parsed = stream.finish()
+        pieces += rest
+        assert pieces[0]["function"] == {"name": "get_weather", "arguments": ""}
+        assert "".join(p["function"]["arguments"] for p in pieces[1:]) == '{"city":"Paris","days":3}'
+        assert stream.text == call and parsed.is_call
+    no_tool = '{"name":"no_tool","arguments":{"content":"Just text"}}'
+    for _ in range(50):
+        stream = ToolCallStream()
+        assert [p for chunk in _split(rng, no_tool) for p in stream.feed(chunk)] == []
+        assert stream.finish() == ([], parse_answer(no_tool))
+
+
+def test_a_long_answer_is_not_searched_or_parsed_again_at_every_piece(monkeypatch):
+    loads = []
+    real_loads = json.loads
+    monkeypatch.setattr("tgi_llm.front.tools.json.loads", lambda s, *a, **k: loads.append(len(s)) or real_loads(s))
+    for name in ("get_weather", NO_TOOL):
+        loads.clear()
+        stream = ToolCallStream()
+        sent = stream.feed(f'{{"name":"{name}","arguments":{{"text":"')
+        for _ in range(5_000):
+            sent += stream.feed("word ")
+        assert len(loads) == 1 and loads[0] < 40  # the header alone, once
+        if name != NO_TOOL:  # each character sent once (the last held back)
+            assert "".join(p["function"]["arguments"] for p in sent) == '{"text":"' + "word " * 4_999 + "word"
 
 
 @pytest.mark.parametrize(("fmt", "grammar"), [

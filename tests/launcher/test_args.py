@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tgi_llm.engine.options import EngineOptions
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.launcher.args import model_parameters, parse_args, validate
+from tgi_llm.models.rope_override import RopeOverride
 
 
 def check(argv: list[str], env: dict[str, str] | None = None):
@@ -59,6 +61,33 @@ def test_kv_cache_dtype_by_flag_or_env_reaches_the_model_and_only_known_ones_pas
     assert model_parameters(check([], {"KV_CACHE_DTYPE": "float16"}), "/m")["kv_cache_dtype"] == "float16"
     with pytest.raises(SystemExit):
         parse_args(["--kv-cache-dtype", "int3"], {})
+
+
+def rope(argv: list[str], env: dict[str, str] | None = None):
+    """The rope override the model process builds from the launcher's config parameters."""
+    return EngineOptions.from_parameters(model_parameters(check(argv, env), "/m")).rope_override
+
+
+def test_rope_flags_pair_as_tgi_pairs_them_and_reach_the_model():
+    assert rope([]) is None
+    assert rope(["--rope-scaling", "dynamic", "--rope-factor", "4"]) == RopeOverride("dynamic", 4.0)
+    assert rope(["--rope-factor", "2.5"]) == RopeOverride("linear", 2.5)  # a factor alone: linear
+    assert rope(["--rope-scaling", "dynamic"]) == RopeOverride("dynamic", 1.0)  # a scaling alone: factor 1
+    assert rope([], {"ROPE_SCALING": "dynamic", "ROPE_FACTOR": "8"}) == RopeOverride("dynamic", 8.0)
+    assert rope(["--rope-factor", "2"], {"ROPE_FACTOR": "8"}) == RopeOverride("linear", 2.0)
+
+
+@pytest.mark.parametrize("factor", ["0", "-2", "nan", "inf"])
+def test_a_rope_factor_that_scales_nothing_is_refused_naming_the_flag(factor):
+    with pytest.raises(ArgumentValidationError, match=rf"`--rope-factor` must be > 0\. Given: {factor}"):
+        check(["--rope-factor", factor])
+
+
+def test_an_unknown_rope_scaling_is_refused():
+    with pytest.raises(SystemExit):
+        parse_args(["--rope-scaling", "yarn"], {})
+    with pytest.raises(ArgumentValidationError, match="ROPE_SCALING must be one of linear, dynamic. Given: ntk"):
+        parse_args([], {"ROPE_SCALING": "ntk"})
 
 
 @pytest.mark.parametrize(

@@ -154,6 +154,21 @@ def test_two_shards_with_a_16_bit_kv_cache_give_the_tokens_of_one(tiny_llama_dir
     assert shard_pids() == []
 
 
+def test_two_shards_rotate_with_the_rope_flags_of_rank_0(tiny_llama_dir):
+    """Every rank applies the override rank 0 was given (ShardSetup.rope_scaling / rope_factor): a prompt past
+    the 512 positions of the model's config, in the context --rope-factor 2 allows, gives the tokens of one."""
+    prompts = [list(range(100, 700))]
+    kwargs = {"kv_cache_memory_gb": 0.05, "rope_scaling": "dynamic", "rope_factor": 2.0,
+              "max_batch_prefill_tokens": 1024}
+    with LLM(str(tiny_llama_dir), **kwargs) as one:
+        want = run_requests(one, prompts, {"max_new_tokens": 12, "ignore_eos": True})
+    with LLM(str(tiny_llama_dir), num_shard=2, **kwargs) as two:
+        assert two.engine.limits.max_total_tokens == 1024
+        got = run_requests(two, prompts, {"max_new_tokens": 12, "ignore_eos": True})
+    assert [g.token_ids for g in got] == [w.token_ids for w in want]
+    assert shard_pids() == []
+
+
 def test_two_shards_verify_draft_tokens_and_give_the_tokens_of_one(tiny_llama_dir):
     """The plan codec carries each decode's draft tokens and moved starts: both ranks run the same rows."""
     prompts = [list(range(20, 40)) * 3, "Hello, my name is"]

@@ -27,8 +27,8 @@ def plain(default_model_dir):
                for name, params in (("greedy", GREEDY), ("sampled", SAMPLED))}
 
 
-def _speculating(model_dir, draft_dir) -> LLM:
-    llm = LLM(str(model_dir), speculative_model=str(draft_dir), **LIMITS)
+def _speculating(model_dir, draft_dir, **options) -> LLM:
+    llm = LLM(str(model_dir), speculative_model=str(draft_dir), **(options or LIMITS))
     llm.engine.scheduler.speculation = AlwaysPays(llm.engine.limits.speculate)
     return llm
 
@@ -58,3 +58,23 @@ def test_a_wrong_draft_changes_nothing_but_its_acceptance(default_model_dir, tin
 def test_a_draft_without_the_same_tokenizer_is_refused(default_model_dir, tiny_model_factory):
     with pytest.raises(ArgumentValidationError, match="`speculative_model`"):
         LLM(str(default_model_dir), speculative_model=str(tiny_model_factory()), **LIMITS)
+
+
+def test_the_draft_s_kv_pool_takes_the_cache_type_and_its_guesses_hold(tiny_llama_dir):
+    """--kv-cache-dtype float16: the draft's pool is float16 too, as many blocks as the target's; the model as
+    its own draft reads its guesses' K/V back right (accepted), and output is what no draft gives."""
+    import torch
+
+    options = dict(kv_cache_memory_gb=0.05, kv_cache_dtype="float16")
+    prompts = [list(range(20, 60)), "Hello, my name is"]
+    params = {"max_new_tokens": 24, "ignore_eos": True}
+    with LLM(str(tiny_llama_dir), **options) as llm:
+        want = [r.token_ids for r in llm.generate(prompts, params)]
+    with _speculating(tiny_llama_dir, tiny_llama_dir, **options) as llm:
+        draft, target = llm.engine.scheduler.proposer.runner.kv_caches, llm.engine.runner.kv_caches
+        assert all(t.dtype == torch.float16 for pair in draft for t in pair)
+        assert draft[0][0].shape == target[0][0].shape  # the tiny model drafts for itself
+        got = llm.generate(prompts, params)
+    assert [r.token_ids for r in got] == want
+    drafted = sum(r.final.draft_tokens for r in got)
+    assert drafted > 0 and sum(r.final.accepted_draft_tokens for r in got) == drafted

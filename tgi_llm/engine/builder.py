@@ -11,11 +11,11 @@ import torch
 
 from tgi_llm.engine.engine import Engine
 from tgi_llm.engine.limits import (
-    LimitOptions,
     check_static_limits,
     default_step_target_ms,
     default_step_tokens,
     resolve_limits,
+    resolve_max_total_tokens,
 )
 from tgi_llm.engine.options import EngineOptions
 from tgi_llm.errors import ArgumentValidationError
@@ -29,6 +29,9 @@ DEFAULT_CPU_KV_TOKENS = 16384
 #: On CUDA, the share of free memory (after the weights) given to the KV cache, as TGI's
 #: `--cuda-memory-fraction` leaves room for activations.
 CUDA_KV_CACHE_FRACTION = 0.8
+#: On the CPU, the most of MemAvailable (read after the weights load) one request's KV cache may need: the rest
+#: for activations, the tokenizer and the page cache.
+CPU_KV_MEMORY_FRACTION = 0.8
 
 
 def resolve_device_and_dtype(opts: EngineOptions) -> tuple[torch.device, torch.dtype]:
@@ -49,42 +52,39 @@ def eos_token_ids(model_dir: Path, tokenizer) -> set[int]:
     return ids
 
 
-def asked_context(limits: LimitOptions) -> int | None:
-    """The longest request the flags ask for (--max-total-tokens, else one past --max-input-tokens)."""
-    if limits.max_total_tokens is not None:
-        return limits.max_total_tokens
-    return None if limits.max_input_tokens is None else limits.max_input_tokens + 1
-
-
-def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device, per_token: int) -> int:
+def kv_cache_budget_bytes(opts: EngineOptions, device: torch.device, per_token: int, context: int,
+                          block_size: int) -> int:
     """What the pool may hold when --max-batch-total-tokens is not given (when it is, it sizes the pool).
-    On the CPU: DEFAULT_CPU_KV_TOKENS, or one request of the asked context where that is longer."""
+    On the CPU: DEFAULT_CPU_KV_TOKENS, or one request of `context` (the max_total_tokens the limits resolve
+    to) in whole blocks where that is longer."""
     if opts.kv_cache_memory_gb is not None:
         return int(opts.kv_cache_memory_gb * 2**30)
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * CUDA_KV_CACHE_FRACTION)
-    return max(DEFAULT_CPU_KV_TOKENS, asked_context(opts.limits) or 0) * per_token
+    return -(-max(DEFAULT_CPU_KV_TOKENS, context) // block_size) * block_size * per_token
 
 
-def check_context_fits(opts: EngineOptions, kv_tokens: int, per_token: int, kv_dtype: torch.dtype,
+def check_context_fits(opts: EngineOptions, asked: int, kv_tokens: int, per_token: int, kv_dtype: torch.dtype,
                        available: int | None) -> None:
-    """Fail at start-up, naming the flags and the bytes, when one request of the asked context cannot fit:
-    not in the pool's budget, or (`available`: memory the machine can give, None: unknown) not in memory."""
-    asked = asked_context(opts.limits)
-    if asked is None or opts.limits.max_batch_total_tokens is not None:
+    """Fail at start-up, naming the flags and the bytes, when one request of `asked` tokens (the resolved
+    max_total_tokens) cannot fit: not in the pool of `kv_tokens`, or (`available`: MemAvailable, None:
+    unknown) not in CPU_KV_MEMORY_FRACTION of the machine's memory, every shard's slice together."""
+    if opts.limits.max_batch_total_tokens is not None:
         return  # TGI's token checks (resolve_limits) cover a pool sized in tokens
     need = asked * per_token
     what = (f"`max_total_tokens` {asked} needs {need / 2**30:.2f} GiB of KV cache ({per_token} bytes a token in "
             f"{str(kv_dtype).removeprefix('torch.')})")
-    remedies = "lower `--max-total-tokens`, or store the cache in 16 bits with `--kv-cache-dtype bfloat16`"
+    remedies = "lower `--max-total-tokens`, or store the cache in 16 bits (`--kv-cache-dtype float16` or `bfloat16`)"
     if asked > kv_tokens:
         raise ArgumentValidationError(
             f"Not enough KV-cache memory: {what}, but the budget holds {kv_tokens} tokens "
             f"({kv_tokens * per_token / 2**30:.2f} GiB); raise `--kv-cache-memory-gb`, {remedies}")
-    if available is not None and need > available:
+    if available is not None and need * opts.num_shard > available * CPU_KV_MEMORY_FRACTION:
+        shards = f" on each of {opts.num_shard} shards" if opts.num_shard > 1 else ""
         raise ArgumentValidationError(
-            f"Not enough memory: {what}, but the machine has {available / 2**30:.2f} GiB available; {remedies}")
+            f"Not enough memory: {what}{shards}, but the machine has {available / 2**30:.2f} GiB available, of "
+            f"which the KV cache may take {CPU_KV_MEMORY_FRACTION:.0%}; {remedies}")
 
 
 def build_engine(opts: EngineOptions) -> Engine:
@@ -112,6 +112,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     quantization = parse_quantize(opts.quantize, opts.quantize_group_size)
     device, dtype = resolve_device_and_dtype(opts)
     kv_dtype = resolve_kv_cache_dtype(opts.kv_cache_dtype, dtype)
+    check_kv_dtype_fits_backend(device, dtype, kv_dtype)  # before shards spawn and weights load
     if device.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
         torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(opts.model_id)
@@ -121,20 +122,25 @@ def _build_engine(opts: EngineOptions) -> Engine:
         from tgi_llm.parallel import ShardGroup
 
         shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id(),
-                                   opts.quantize, opts.quantize_group_size, opts.kv_cache_dtype)
+                                   opts.quantize, opts.quantize_group_size, str(kv_dtype).removeprefix("torch."),
+                                   opts.rope_override)
     model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
-                               quantization=quantization)
+                               quantization=quantization, rope_override=opts.rope_override)
     block_size = opts.limits.block_size
     if block_size == 16 and preferred_block_size(device) != 16:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
     dtype = model.dtype  # what the layers compute in (bfloat16 on the CPU: float32 with bfloat16 weights)
-    _check_kv_dtype_fits_backend(model, kv_dtype)
     per_token = kv_cache_bytes_per_token(config, kv_dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
-    kv_tokens = kv_cache_budget_bytes(opts, device, per_token) // per_token
+    rope = opts.rope_override
+    context = rope.context(config.max_position_embeddings) if rope else config.max_position_embeddings
+    asked = resolve_max_total_tokens(opts.limits, context)
+    kv_tokens = kv_cache_budget_bytes(opts, device, per_token, asked, block_size) // per_token
+    kv_tokens -= kv_tokens % block_size  # the pool holds whole blocks
     from tgi_llm.memory import available_bytes
 
-    check_context_fits(opts, kv_tokens, per_token, kv_dtype, available_bytes() if device.type == "cpu" else None)
+    check_context_fits(opts, asked, kv_tokens, per_token, kv_dtype,
+                       available_bytes() if device.type == "cpu" else None)
     from dataclasses import replace
 
     limit_opts = replace(opts.limits, block_size=block_size)
@@ -142,8 +148,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
         from tgi_llm.speculation.policy import SERVED_SPECULATE
 
         limit_opts = replace(limit_opts, speculate=SERVED_SPECULATE)
-    limits = resolve_limits(limit_opts, config.max_position_embeddings,
-                            kv_tokens, default_step_tokens(device.type), default_step_target_ms(device.type))
+    limits = resolve_limits(limit_opts, context, kv_tokens, default_step_tokens(device.type),
+                            default_step_target_ms(device.type))
     kv_caches = allocate_kv_cache(shards.cache_config(config) if shards else config, limits.num_blocks, block_size,
                                   kv_dtype, device)
     logger.info(
@@ -183,13 +189,17 @@ def _build_engine(opts: EngineOptions) -> Engine:
     return engine
 
 
-def _check_kv_dtype_fits_backend(model, kv_dtype: torch.dtype) -> None:
-    """flash-attn reads a cache of the queries' own dtype only."""
-    if getattr(getattr(model, "attention_backend", None), "name", None) == "flash-attn" and kv_dtype != model.dtype:
+def check_kv_dtype_fits_backend(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:
+    """flash-attn, which a GPU takes where it is installed, reads a cache of the queries' dtype only. Refused
+    rather than served by the torch backend, which gathers every sequence's K/V each step (many times slower
+    on a GPU): one type for both (--dtype) keeps flash-attn's speed."""
+    from tgi_llm.attention.flash import flash_attn_available
+
+    if device.type == "cuda" and kv_dtype != dtype and flash_attn_available():
+        kv, model = str(kv_dtype).removeprefix("torch."), str(dtype).removeprefix("torch.")
         raise ArgumentValidationError(
-            f"`kv_cache_dtype` {str(kv_dtype).removeprefix('torch.')} differs from the model's dtype "
-            f"{str(model.dtype).removeprefix('torch.')}, which flash-attn needs: use --kv-cache-dtype auto, or "
-            "the torch attention backend")
+            f"`--kv-cache-dtype {kv}` differs from `--dtype {model}`, and flash-attn reads a KV cache of the "
+            f"model's dtype only: use `--kv-cache-dtype auto`, or `--dtype {kv}` for both")
 
 
 def _draft_model_proposer(model_id: str, tokenizer, vocab_size: int, limits, dtype: torch.dtype,
@@ -212,8 +222,7 @@ def _draft_model_proposer(model_id: str, tokenizer, vocab_size: int, limits, dty
     if vocab != tokenizer.get_vocab():
         raise ArgumentValidationError(
             f"`speculative_model` {model_id} has another tokenizer than the model: its guesses would be other tokens")
-    draft, draft_config = load_model(draft_dir, dtype=dtype, device=device)
-    _check_kv_dtype_fits_backend(draft, kv_dtype)
+    draft, draft_config = load_model(draft_dir, dtype=dtype, device=device)  # its cache passed the model's check
     kv = allocate_kv_cache(draft_config, limits.num_blocks, limits.block_size, kv_dtype, device)
     runner = ModelRunner(draft, kv, limits.block_size, draft_config.vocab_size, device)
     runner.warm_up()

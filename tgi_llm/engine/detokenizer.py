@@ -14,26 +14,50 @@ the deltas therefore concatenate to `tokenizer.decode(generated_ids)`. Decoders 
 strip the first token's leading space (SentencePiece Metaspace) keep it here, as TGI's
 stream and generated_text do: the last prompt tokens seed the window for that reason.
 Transformers' clean_up_tokenization_spaces is never applied (it is not prefix-stable).
+
+Special tokens that decoding skips never enter the window: they add no text, and kept there a run of them
+(an ignore_eos answer past its end-of-sequence) would make every step decode the whole run again.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 
 import tokenizers
 
 _REPLACEMENT = "\ufffd"
+#: Per Rust tokenizer: the ids its decode(skip_special_tokens=True) drops (~30 us to list: once, not per request).
+_SKIPPED: weakref.WeakKeyDictionary[tokenizers.Tokenizer, frozenset[int]] = weakref.WeakKeyDictionary()
+
+
+def _backend(tokenizer) -> tokenizers.Tokenizer | None:
+    if isinstance(tokenizer, tokenizers.Tokenizer):
+        return tokenizer
+    return getattr(tokenizer, "backend_tokenizer", None)
 
 
 def _decoder(tokenizer, skip_special_tokens: bool) -> Callable[[list[int]], str]:
     # The Rust tokenizer directly: faster than transformers' decode and never cleans up spaces.
-    backend = tokenizer if isinstance(tokenizer, tokenizers.Tokenizer) else None
-    backend = backend or getattr(tokenizer, "backend_tokenizer", None)
+    backend = _backend(tokenizer)
     if backend is not None:
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
     return lambda ids: tokenizer.decode(
         ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
     )
+
+
+def _skipped_ids(tokenizer) -> frozenset[int]:
+    """The ids decoding drops with skip_special_tokens: the Rust tokenizer's special added tokens (it filters
+    those before its decoder runs), else what a slow transformers tokenizer filters (all_special_ids)."""
+    backend = _backend(tokenizer)
+    if backend is None:
+        return frozenset(getattr(tokenizer, "all_special_ids", ()))
+    skipped = _SKIPPED.get(backend)
+    if skipped is None:
+        added = backend.get_added_tokens_decoder()
+        skipped = _SKIPPED[backend] = frozenset(i for i, token in added.items() if token.special)
+    return skipped
 
 
 class IncrementalDetokenizer:
@@ -49,12 +73,13 @@ class IncrementalDetokenizer:
         context_tokens: int = 5,
     ):
         self._decode = _decoder(tokenizer, skip_special_tokens)
+        self._skipped = _skipped_ids(tokenizer) if skip_special_tokens else frozenset()
         seed = list(prompt_ids[max(len(prompt_ids) - context_tokens, 0) :]) if context_tokens > 0 else []
         # The seed must end on a complete character, or the first delta would be cut wrongly.
         if seed and self._decode(seed).endswith(_REPLACEMENT):
             seed = []
-        self._ids: list[int] = seed
-        self._first_generated = len(seed)
+        self._ids: list[int] = seed  # the window's tokens from ids[prefix_offset]: skipped ones left out
+        self._generated: list[int] = []
         self._prefix_offset = 0
         self._read_offset = len(seed)
         self._prefix_len: int | None = None  # len(decode(ids[prefix_offset:read_offset])), cached
@@ -62,7 +87,7 @@ class IncrementalDetokenizer:
 
     @property
     def generated_ids(self) -> list[int]:
-        return self._ids[self._first_generated :]
+        return list(self._generated)
 
     @property
     def text(self) -> str:
@@ -70,6 +95,9 @@ class IncrementalDetokenizer:
         return "".join(self._parts)
 
     def step(self, token_id: int) -> str:
+        self._generated.append(token_id)
+        if token_id in self._skipped:
+            return ""  # decoding drops it wherever it stands: the text is as if it were not there
         self._ids.append(token_id)
         window = self._decode(self._ids[self._prefix_offset :])
         prefix_len = self._prefix_length()

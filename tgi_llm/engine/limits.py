@@ -103,10 +103,10 @@ def check_static_limits(opts: LimitOptions) -> None:
     # With chunking a prompt spans several steps: max_batch_prefill_tokens is the step budget only.
     if mit is not None and prefill is not None and mit > prefill and not opts.prefill_chunking:
         _fail(f"`max_batch_prefill_tokens` must be >= `max_input_tokens`. Given: {prefill} and {mit}")
+    if mtt is not None and total is not None and mtt > total:  # first: a derived prefill budget follows total
+        _fail(f"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: {mtt} and {total}")
     if prefill is not None and total is not None and prefill > total:
         _fail(f"`max_batch_prefill_tokens` must be <= `max_batch_total_tokens`. Given: {prefill} and {total}")
-    if mtt is not None and total is not None and mtt > total:
-        _fail(f"`max_total_tokens` must be <= `max_batch_total_tokens`. Given: {mtt} and {total}")
     for name in ("max_concurrent_requests", "max_waiting_tokens", "block_size"):
         if getattr(opts, name) <= 0:
             _fail(f"`{name}` must be > 0. Given: {getattr(opts, name)}")
@@ -127,28 +127,36 @@ def check_static_limits(opts: LimitOptions) -> None:
         _fail(f"`max_batch_size` must be > 0. Given: {opts.max_batch_size}")
 
 
+def resolve_max_total_tokens(opts: LimitOptions, max_position_embeddings: int | None) -> int:
+    """The longest request (prompt + generation) as TGI derives it: --max-total-tokens, else one past a
+    --max-input-tokens of at least the default, else the default (4096, or the model's context if shorter)."""
+    if opts.max_total_tokens is not None:
+        return opts.max_total_tokens
+    max_default = DEFAULT_MAX_TOTAL_TOKENS
+    if max_position_embeddings is not None:
+        max_default = min(max_default, max_position_embeddings)
+    mit = opts.max_input_tokens
+    return mit + 1 if mit is not None and mit >= max_default else max_default
+
+
 def resolve_limits(
     opts: LimitOptions, max_position_embeddings: int | None, kv_cache_tokens: int | None,
     default_step_tokens: int | None = None, default_step_target_ms: int | None = None,
 ) -> Limits:
     """Fill the unset limits as TGI does, then check every combination.
 
+    `max_position_embeddings`: the model's context, times --rope-factor where given (None: unknown).
     `kv_cache_tokens` is how many tokens the KV-cache memory budget holds (TGI's warm-up
-    measures this); it becomes `max_batch_total_tokens` when the operator did not set one.
+    measures this); it becomes `max_batch_total_tokens` when the operator did not set one. Whether one
+    request of `max_total_tokens` fits it is the builder's check (engine/builder.py check_context_fits), which
+    knows the bytes to name; here a pool too small fails TGI's `max_batch_total_tokens` check.
     `default_step_tokens` / `default_step_target_ms`: with chunking, the device's default step budget and
     pacing target (a CPU forward of 4,000 tokens takes seconds, during which every stream stalls);
     None: TGI's budget, no pacing.
     """
     check_static_limits(opts)
-    max_default = DEFAULT_MAX_TOTAL_TOKENS
-    if max_position_embeddings is not None:
-        max_default = min(max_default, max_position_embeddings)
-    mtt = opts.max_total_tokens
-    mit = opts.max_input_tokens
-    if mtt is None:
-        mtt = mit + 1 if mit is not None and mit >= max_default else max_default
-    if mit is None:
-        mit = mtt - 1
+    mtt = resolve_max_total_tokens(opts, max_position_embeddings)
+    mit = mtt - 1 if opts.max_input_tokens is None else opts.max_input_tokens
     prefill = opts.max_batch_prefill_tokens
     if prefill is None:
         prefill = mit + 50  # TGI: "a bit of room" above the longest prompt
@@ -161,11 +169,6 @@ def resolve_limits(
         total = kv_cache_tokens
         if prefill > total and opts.max_batch_prefill_tokens is None:
             prefill = max(mit, total)
-        if mtt > total:
-            _fail(
-                f"Not enough KV-cache memory: `max_total_tokens` ({mtt}) does not fit in the "
-                f"{total} tokens the cache holds; lower `--max-total-tokens` or raise the KV-cache budget"
-            )
         logger.info("Setting max batch total tokens to %d", total)
     total -= total % opts.block_size
     target = opts.prefill_step_target_ms if opts.prefill_step_target_ms is not None else default_step_target_ms
@@ -176,7 +179,11 @@ def resolve_limits(
     )
     check_static_limits(resolved)
     if max_position_embeddings is not None and mtt > max_position_embeddings:
+        # TGI lets it pass too (the launcher only caps its default by it): rope has no table to outgrow here,
+        # and a model whose config understates its context still serves.
         logger.warning(
-            "`max_total_tokens` (%d) exceeds the model's max_position_embeddings (%d)", mtt, max_position_embeddings
+            "`max_total_tokens` (%d) exceeds the %d positions the model allows (max_position_embeddings, times "
+            "--rope-factor where given): past them its output degrades; `--rope-scaling` with a `--rope-factor` "
+            "that covers it stretches the rope", mtt, max_position_embeddings,
         )
     return Limits(**{f: getattr(resolved, f) for f in Limits.__dataclass_fields__})

@@ -6,9 +6,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tgi_llm.engine.limits import LimitOptions
+from tgi_llm.models.rope_override import RopeOverride
 
 DTYPES = ("float32", "bfloat16", "float16")
-#: --kv-cache-dtype: auto (the model's --dtype: tgi_llm/kv_cache.py) or the element type of the K/V caches.
+#: --kv-cache-dtype: auto (tgi_llm/kv_cache.py resolve_kv_cache_dtype) or the element type of the K/V caches.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -24,6 +25,9 @@ class EngineOptions:
     quantize_group_size: int | None = None
     #: A smaller model with the same tokenizer that guesses tokens for --speculate (None: prompt lookup).
     speculative_model: str | None = None
+    #: --rope-scaling (linear, dynamic) and --rope-factor: TGI's pair (rope_override.py); None: the config's rope.
+    rope_scaling: str | None = None
+    rope_factor: float | None = None
     limits: LimitOptions = field(default_factory=LimitOptions)
 
     def __post_init__(self) -> None:
@@ -34,6 +38,11 @@ class EngineOptions:
                              f"Given: {self.kv_cache_dtype}")
         if self.num_shard < 1:
             raise ValueError(f"`num_shard` must be >= 1. Given: {self.num_shard}")
+        RopeOverride.from_flags(self.rope_scaling, self.rope_factor)  # a bad value fails here, naming its flag
+
+    @property
+    def rope_override(self) -> RopeOverride | None:
+        return RopeOverride.from_flags(self.rope_scaling, self.rope_factor)
 
     @classmethod
     def from_parameters(cls, params: dict[str, Any]) -> EngineOptions:

@@ -45,7 +45,6 @@ class Sequence:
     top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # when top_n_tokens
     prompt_logprobs: list[float] = field(default_factory=list)  # of prompt tokens 1.., decoder_input_details
     prompt_top: list[tuple[list[int], list[float]]] = field(default_factory=list)  # with top_n_tokens too
-    text: str = ""
     finish_reason: FinishReason | None = None
     queued_at: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
@@ -64,6 +63,12 @@ class Sequence:
     @property
     def input_length(self) -> int:
         return self.request.input_length
+
+    @property
+    def text(self) -> str:
+        """The generated text. Joined when asked (once, for the final event): a string grown per token would
+        be copied whole at every token."""
+        return "".join(self.deltas)
 
     @property
     def num_generated(self) -> int:
@@ -101,7 +106,6 @@ class Sequence:
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
         self.deltas.append(delta)
-        self.text += delta
         if self.request.top_n_tokens:
             self.top.append((top_ids, top_logprobs))
         return delta

@@ -22,16 +22,24 @@ def _token(t: TokenInfo) -> Token:
 
 
 class _Events:
+    """Per stream. Per token it does work bounded by that token's text: the text so far is kept as parts,
+    joined once at the end, and stop sequences are looked for only where the new text could complete one."""
+
     def __init__(self, params: GenerateParameters, prompt: str) -> None:
         self.params = params
-        self.text = prompt if params.return_full_text else ""
-        self.generated = ""
+        self.parts = [prompt] if params.return_full_text else []
         self.index = 0
-        self.stops = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+        self.stops = [s for s in ([params.stop] if isinstance(params.stop, str) else params.stop or []) if s]
+        self._keep = max((len(s) for s in self.stops), default=1) - 1  # a match's start before the new text
+        self._tail = ""  # the last `_keep` characters generated
+        self.hit_stop = False  # a stop sequence occurs in the generated text (stays so)
 
     def tokens(self, chunk: Chunk) -> list[StreamResponse]:
-        self.text += chunk.text
-        self.generated += chunk.text
+        self.parts.append(chunk.text)
+        if self.stops and chunk.text and not self.hit_stop:
+            window = self._tail + chunk.text
+            self.hit_stop = any(stop in window for stop in self.stops)
+            self._tail = window[max(len(window) - self._keep, 0):] if self._keep else ""
         tokens = chunk.tokens or ([TokenInfo(id=0, text=chunk.text, logprob=None)] if chunk.text else [])
         out = []
         for i, tok in enumerate(tokens):
@@ -45,11 +53,11 @@ class _Events:
         return (
             response.token.special
             or (limit is not None and self.index >= limit)
-            or any(stop in self.generated for stop in self.stops)
+            or self.hit_stop
         )
 
     def finish(self, response: StreamResponse, final: Chunk) -> StreamResponse:
-        response.generated_text = self.text
+        response.generated_text = "".join(self.parts)
         if self.params.details:
             response.details = StreamDetails(
                 finish_reason=final.finish_reason or "length",

@@ -131,29 +131,50 @@ def call_id() -> str:
 class ToolCallStream:
     """Turns the streamed answer into OpenAI's `delta.tool_calls` pieces as it arrives: the call's header
     once its name is complete, then the arguments' text as it is generated (the answer's closing brace,
-    the last character, held back). A no_tool answer is text and comes out whole at the end."""
+    the last character, held back). A no_tool answer is text and comes out whole at the end.
+
+    Per piece the work is bounded by the piece: the text is kept as parts (joined at the end), `,"arguments":`
+    is looked for only where the new piece could complete it, and only the unsent arguments are held."""
 
     def __init__(self) -> None:
-        self.text = ""
+        self._parts: list[str] = []
+        self._length = 0  # characters fed so far
+        self._tail = ""  # the last len(ARGUMENTS_PREFIX) - 1 characters, while the arguments are not found
+        self._found = False  # `,"arguments":` was seen, and the header read
+        self._unsent = ""  # a named call's arguments not sent yet: at least the last character, held back
         self.name: str | None = None
         self.id = call_id()
-        self._sent = 0  # characters of the arguments already sent
+
+    @property
+    def text(self) -> str:
+        """The answer so far (joined on each call: read it at the end)."""
+        return "".join(self._parts)
 
     def feed(self, delta: str) -> list[dict[str, Any]]:
         """tool_calls deltas to send for this piece of text (possibly none)."""
-        self.text += delta
+        self._parts.append(delta)
+        self._length += len(delta)
         out = []
-        if self.name is None:
-            head = self._header()
-            if head is None or head == NO_TOOL:
+        if not self._found:
+            window = self._tail + delta
+            i = window.find(ARGUMENTS_PREFIX)
+            if i < 0:
+                self._tail = window[max(len(window) - len(ARGUMENTS_PREFIX) + 1, 0):]
                 return []
+            self._found, self._tail = True, ""
+            start = self._length - len(window) + i  # where the prefix starts in the whole text
+            head = self._header(self.text[:start])
+            if head is None or head == NO_TOOL:
+                return []  # text, or not a call this stream can follow: finish() sends what it is
             self.name = head
             out.append({"index": 0, "id": self.id, "type": "function", "function": {"name": head, "arguments": ""}})
-        start = self._arguments_start()
-        available = self.text[start:-1] if start is not None else ""  # hold back the last character
-        if len(available) > self._sent:
-            out.append({"index": 0, "function": {"arguments": available[self._sent:]}})
-            self._sent = len(available)
+            delta = window[i + len(ARGUMENTS_PREFIX):]  # the arguments' first characters (within this piece)
+        elif self.name is None:
+            return []
+        self._unsent += delta
+        if len(self._unsent) > 1:  # hold back the last character
+            out.append({"index": 0, "function": {"arguments": self._unsent[:-1]}})
+            self._unsent = self._unsent[-1:]
         return out
 
     def finish(self) -> tuple[list[dict[str, Any]], ToolAnswer | None]:
@@ -164,20 +185,13 @@ class ToolCallStream:
         if self.name is None:  # the header was never recognised while streaming: send the call whole
             return [{"index": 0, "id": self.id, "type": "function",
                      "function": {"name": answer.name, "arguments": answer.arguments}}], answer
-        start = self._arguments_start()
-        rest = self.text[start:-1][self._sent:] if start is not None else ""
+        rest = self._unsent[:-1]
         return ([{"index": 0, "function": {"arguments": rest}}] if rest else []), answer
 
-    def _header(self) -> str | None:
-        """The function name once `{"name":"...",` has been generated."""
-        start = self._arguments_start()
-        if start is None:
-            return None
+    @staticmethod
+    def _header(head: str) -> str | None:
+        """The function name in `{"name":"..."` (the text before `,"arguments":`)."""
         try:
-            return json.loads(self.text[: start - len(ARGUMENTS_PREFIX)] + "}").get("name")
+            return json.loads(head + "}").get("name")
         except (json.JSONDecodeError, AttributeError):
             return None
-
-    def _arguments_start(self) -> int | None:
-        i = self.text.find(ARGUMENTS_PREFIX)
-        return None if i < 0 else i + len(ARGUMENTS_PREFIX)

@@ -17,6 +17,7 @@ from typing import Any
 from tgi_llm.engine.limits import SCHEDULING_POLICIES, SHORTEST_PROMPT
 from tgi_llm.engine.options import KV_CACHE_DTYPES
 from tgi_llm.errors import ArgumentValidationError
+from tgi_llm.models.rope_override import ROPE_SCALINGS, RopeOverride
 from tgi_llm.speculation.policy import SERVED_SPECULATE
 
 logger = logging.getLogger("tgi_llm.launcher")
@@ -94,11 +95,19 @@ FLAGS: list[Flag] = [
     Flag("speculative_model",
          help="A smaller model with the same tokenizer (directory, hub id in the cache, or GGUF file) whose greedy "
               "guesses --speculate verifies, instead of prompt lookup (--speculate defaults to 4 with it)"),
-    Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: 2 GiB on CPU, 80%% of free memory on CUDA)"),
+    Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: on the CPU 16,384 tokens, or one request of "
+                                            "--max-total-tokens where longer; on CUDA 80%% of free memory)"),
     Flag("kv_cache_dtype", default="auto", choices=KV_CACHE_DTYPES,
-         help="Element type of the KV cache: auto (the --dtype the model runs in: float32 on the CPU by "
-              "default), float32, bfloat16 or float16; 16 bits hold twice the tokens in the same memory and "
-              "decode long contexts faster"),
+         help="Element type of the KV cache: auto (float32 on the CPU, the --dtype on a GPU), float32, "
+              "bfloat16 or float16; 16 bits hold twice the tokens in the same memory and decode long contexts "
+              "faster"),
+    Flag("rope_scaling", choices=ROPE_SCALINGS,
+         help="Stretch the rotary embeddings past the model's max_position_embeddings, in place of its config's "
+              "rope scaling: linear, or dynamic (NTK-aware: as trained up to max_position_embeddings; for models "
+              "not fine-tuned on longer sequences). Alone: factor 1.0"),
+    Flag("rope_factor", float, None,
+         help="The rope scaling factor: the model's context becomes max_position_embeddings x factor. Alone: "
+              "linear scaling"),
     Flag("huggingface_hub_cache", help="Where hub downloads go"),
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
     Flag("log_level", default="info", env="LOG_LEVEL", help="TGI's LOG_LEVEL (info, debug, warn, error)"),
@@ -222,6 +231,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
 
     try:
         parse_quantize(args.quantize, args.quantize_group_size)
+        RopeOverride.from_flags(args.rope_scaling, args.rope_factor)
     except ValueError as exc:
         raise ArgumentValidationError(str(exc)) from None
     if args.trust_remote_code:
@@ -274,6 +284,8 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "speculative_model": _absolute_if_local(args.speculative_model),
         "kv_cache_memory_gb": args.kv_cache_memory_gb,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "rope_scaling": args.rope_scaling,
+        "rope_factor": args.rope_factor,
         "json_output": "true" if args.json_output else "false",
         "validation_workers": args.validation_workers,
     }

@@ -62,11 +62,15 @@ def _derived_limits(args: argparse.Namespace, model_dir: Path) -> dict[str, int]
     from tgi_llm.engine.limits import default_step_tokens, resolve_limits
     from tgi_llm.launcher.args import limit_options
     from tgi_llm.launcher.tritonserver import has_gpu
+    from tgi_llm.models.rope_override import RopeOverride
 
     try:
         positions = json.loads((model_dir / "config.json").read_text(encoding="utf-8")).get("max_position_embeddings")
     except (OSError, ValueError):
         positions = None
+    rope = RopeOverride.from_flags(args.rope_scaling, args.rope_factor)
+    if rope is not None and positions is not None:  # the context the engine's limits take (builder.py)
+        positions = rope.context(positions)
     limits = resolve_limits(limit_options(args), positions, kv_cache_tokens=2**31,
                             default_step_tokens=default_step_tokens("cuda" if has_gpu() else "cpu"))
     return {"max_input_tokens": limits.max_input_tokens, "max_total_tokens": limits.max_total_tokens,

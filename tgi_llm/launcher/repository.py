@@ -90,6 +90,8 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "quantize_group_size": "",
     "kv_cache_memory_gb": "",
     "kv_cache_dtype": "",
+    "rope_scaling": "",
+    "rope_factor": "",
     "max_concurrent_requests": "128",
     "max_best_of": "2",
     "max_stop_sequences": "4",

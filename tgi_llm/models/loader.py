@@ -15,6 +15,7 @@ from tgi_llm.models.decoder import CausalLM
 from tgi_llm.models.layer_stack import layer_stack_library
 from tgi_llm.models.layers.linear import float_linear_kernels
 from tgi_llm.models.registry import read_config_dir
+from tgi_llm.models.rope_override import RopeOverride
 from tgi_llm.models.transformers_backed import load_backed_model
 from tgi_llm.models.weight_loader import WeightLoader
 from tgi_llm.quant.linear import BF16_GEMM_MIN_TOKENS, QuantLinear
@@ -38,6 +39,7 @@ def load_model(
     attention_backend: AttentionBackend | None = None,
     shard: Shard = NO_SHARD,
     quantization: Quantization | None = None,
+    rope_override: RopeOverride | None = None,
 ) -> tuple[CausalLM, ModelConfig]:
     """Build the model from a HF directory. With no backend given, one is picked on the first forward
     (it depends on the KV block size, which the runner decides). `quantization` None: a directory
@@ -54,13 +56,17 @@ def load_model(
     float32 products, and from BF16_GEMM_MIN_TOKENS rows the panel GEMM rounds each dequantized chunk to
     bfloat16 as the bfloat16 weights' GEMM holds them (bit for bit its products) at a quarter of the bytes.
     Except a GGUF left to the default on an AMX CPU: its tiles multiply bfloat16 weights in place.
-    torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md)."""
+    torch's own bfloat16 CPU linears take no BF16 instructions on AMD CPUs (docs/PERFORMANCE.md).
+    `rope_override` (--rope-scaling / --rope-factor) replaces the rope scaling config.json states."""
     config = read_config_dir(model_dir)
     if config.family == BACKED:
-        if (quantization is not None and quantization.mode != "float") or shard.world_size > 1:
+        if (quantization is not None and quantization.mode != "float") or shard.world_size > 1 or rope_override:
             raise ValueError(f"{config.model_type} runs through transformers' modeling code: float weights on one "
-                             "shard only (no --quantize, no --num-shard)")
+                             "shard only, with the config's own rope (no --quantize, no --num-shard, no "
+                             "--rope-scaling / --rope-factor)")
         return load_backed_model(model_dir, config, dtype, device), config
+    if rope_override is not None:
+        config = rope_override.apply(config)
     cpu_bf16 = (torch.device(device).type == "cpu" and dtype == torch.bfloat16 and shard.world_size == 1
                 and (kernels := float_linear_kernels(torch.float32)) is not None)
     codes_in_bf16 = cpu_bf16 and (quantization is not None or not kernels.amx)  # where quantized weights stay

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.registry import read_config_dir
+from tgi_llm.models.rope_override import RopeOverride
 from tgi_llm.parallel.comm import SETUP, STOP, PlanChannel, destroy_groups, init_groups
 from tgi_llm.parallel.mpi_shm import unlink_mapped_segments
 from tgi_llm.procfs import pid_alive
@@ -73,7 +74,9 @@ class ShardSetup:
     start_timeout_s: float
     quantize: str = ""  # --quantize and its group size ("" / 0: unset), so every rank loads the same format
     quantize_group_size: int = 0
-    kv_cache_dtype: str = ""  # --kv-cache-dtype ("": auto, the dtype above), so every rank caches the same type
+    kv_cache_dtype: str = ""  # the KV cache's type as rank 0 resolved it ("": auto), so every rank caches it
+    rope_scaling: str = ""  # --rope-scaling / --rope-factor as rank 0 resolved them ("" / 0: the config's rope)
+    rope_factor: float = 0.0
 
 
 def check_tp_split(config: ModelConfig, num_shard: int, model: str = "the model") -> None:
@@ -140,7 +143,8 @@ class ShardGroup:
     @classmethod
     def launch(cls, num_shard: int, model_dir: str | Path, dtype: torch.dtype, device: torch.device,
                model_name: str | None = None, quantize: str | None = None,
-               quantize_group_size: int | None = None, kv_cache_dtype: str | None = None) -> ShardGroup:
+               quantize_group_size: int | None = None, kv_cache_dtype: str | None = None,
+               rope_override: RopeOverride | None = None) -> ShardGroup:
         config = read_config_dir(model_dir)
         check_tp_split(config, num_shard, model_name or str(model_dir))
         if device.type == "cuda" and torch.cuda.device_count() < (device.index or 0) + num_shard:
@@ -156,7 +160,9 @@ class ShardGroup:
                               timeout=timedelta(seconds=START_TIMEOUT_S))
         setup = ShardSetup(str(model_dir), str(dtype).removeprefix("torch."), str(device), num_shard, store.port,
                            os.getpid(), threads, COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S, quantize or "",
-                           quantize_group_size or 0, kv_cache_dtype or "")
+                           quantize_group_size or 0, kv_cache_dtype or "",
+                           rope_scaling=rope_override.scaling if rope_override else "",
+                           rope_factor=rope_override.factor if rope_override else 0.0)
         pids, guards = _spawn(setup)
         logger.info("spawned %d shard processes (pids %s) for %s", num_shard - 1, pids, model_dir)
         return cls(num_shard, pids, guards, store, device)

@@ -83,6 +83,7 @@ def serve(rank: int, setup: ShardSetup) -> int:
 
     from tgi_llm.kv_cache import allocate_kv_cache, resolve_kv_cache_dtype
     from tgi_llm.models.loader import load_model
+    from tgi_llm.models.rope_override import RopeOverride
     from tgi_llm.parallel.comm import SETUP, STEP, STOP, PlanChannel, destroy_groups, init_groups
     from tgi_llm.parallel.launch import local_config
     from tgi_llm.parallel.plan_codec import PlanDecoder
@@ -101,8 +102,9 @@ def serve(rank: int, setup: ShardSetup) -> int:
         from tgi_llm.quant.modes import parse_quantize
 
         quantization = parse_quantize(setup.quantize or None, setup.quantize_group_size or None)
+        rope = RopeOverride.from_flags(setup.rope_scaling or None, setup.rope_factor or None)
         model, config = load_model(setup.model_dir, dtype=getattr(torch, setup.dtype), device=device, shard=shard,
-                                   quantization=quantization)
+                                   quantization=quantization, rope_override=rope)
     except Exception as exc:
         store.set(f"tgi/error/{rank}", f"{type(exc).__name__}: {exc}")
         raise
