@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import shutil
 import time
 
 import pytest
@@ -293,6 +294,49 @@ def test_each_kv_cache_dtype_through_prefix_reuse_batching_and_chunked_prefill(
     else:  # 16-bit K/V read as anything else would part at once
         agreed = sum(common_prefix(f.token_ids, want) for f, want in zip(one_by_one, tiny_reference, strict=True))
         assert agreed >= 0.75 * 4 * 24, [f.token_ids for f in one_by_one]
+
+
+@pytest.mark.parametrize("prefill_kernel", [True, False], ids=["kernel prompts", "sdpa prompts"])
+def test_an_int8_kv_cache_through_prefix_reuse_batching_and_chunked_prefill(
+        tiny_llama_dir, tiny_reference, monkeypatch, c_kernels, prefill_kernel):
+    """int8 caches each 16 values of a head as codes and a float16 scale: 18 bytes for 16 values (a token of
+    the tiny model: 2 layers x K and V x 2 KV heads x 16 x 18/16 = 144 bytes, 512 in float32), so the same
+    budget holds 3.56x the blocks, counted in the memory account with the scales. Prefix hits, batching
+    and 16-token chunks give one run's tokens; the 8-bit K/V keep near transformers' greedy tokens."""
+    from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+
+    monkeypatch.setattr(cpu_attention_kernels(), "prefill_wins", prefill_kernel)
+    params = {"max_new_tokens": 24, "ignore_eos": True}
+    options = {"kv_cache_memory_gb": 0.05, "block_size": 4, "kv_cache_dtype": "int8"}
+    with LLM(str(tiny_llama_dir), **options) as llm:
+        assert all(t.dtype == torch.int8 for pair in llm.engine.runner.kv_caches for t in pair)
+        one_by_one = [llm.generate([p], params)[0].final for p in KV_PROMPTS]
+        together = [r.final for r in llm.generate(KV_PROMPTS, params)]
+        stats, memory = llm.engine.stats(), llm.engine.memory_account()
+    with LLM(str(tiny_llama_dir), **options, prefix_caching=False, max_batch_prefill_tokens=16) as llm:
+        chunked = [r.final for r in llm.generate(KV_PROMPTS, params)]
+    block_bytes = 4 * 144
+    assert stats.kv_blocks_total == int(0.05 * 2**30) // block_bytes
+    assert memory.kv_cache == stats.kv_blocks_total * block_bytes
+    assert stats.kv_blocks_free == stats.kv_blocks_total
+    assert one_by_one[1].cached_tokens == len(KV_PREFIX)
+    for run in (together, chunked):
+        for got, want in zip(run, one_by_one, strict=True):
+            assert got.token_ids == want.token_ids
+            assert max(abs(a.logprob - b.logprob) for a, b in zip(got.tokens, want.tokens, strict=True)) < 3e-5
+    # a random model's logits are flat, so near-ties can part greedy paths; K/V read wrongly part at once
+    agreed = [common_prefix(f.token_ids, want) for f, want in zip(one_by_one, tiny_reference, strict=True)]
+    assert sum(agreed) >= 0.6 * 4 * 24 and min(agreed) >= 3, agreed
+
+
+def test_an_int8_kv_cache_is_refused_for_heads_it_cannot_group(tiny_model_factory, tiny_llama_dir, tmp_path):
+    """Heads of 24 (hidden 96, 4 heads), with tiny_llama_dir's tokenizer."""
+    shutil.copytree(tiny_model_factory("llama", hidden_size=96, vocab_size=49152), tmp_path, dirs_exist_ok=True)
+    for path in tiny_llama_dir.iterdir():
+        if path.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(path, tmp_path / path.name)
+    with pytest.raises(ValueError, match=r"`kv_cache_dtype` int8 scales groups of 16 .* head_dim is 24"):
+        LLM(str(tmp_path), kv_cache_dtype="int8", kv_cache_memory_gb=0.01)
 
 
 @pytest.mark.slow

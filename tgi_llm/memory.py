@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from tgi_llm.kv_cache import cache_memory
+
 logger = logging.getLogger(__name__)
 _PAGE = mmap.PAGESIZE
 
@@ -104,7 +106,7 @@ def available_bytes() -> int | None:
 
 
 def account(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> MemoryAccount:
-    kv = [t for pair in kv_caches for t in pair]
+    kv = [cache_memory(t) for pair in kv_caches for t in pair]
     rss = rss_bytes()
     return MemoryAccount(weight_bytes(model), sum(t.numel() * t.element_size() for t in kv),
                          sum(resident_bytes(t) for t in kv), rss)

@@ -1,6 +1,6 @@
 """One stream's decode step at long contexts, for each KV-cache type, against the memory-bandwidth limit.
 
-    python tools/bench_kv_cache.py --context 512 2048 8192 32768 --kv-cache-dtype float32 bfloat16 float16
+    python tools/bench_kv_cache.py --context 512 2048 8192 32768 --kv-cache-dtype float32 bfloat16 float16 int8
 
 A decode step of one sequence at `--context` tokens (forward + greedy sampling, as the engine's runner does
 it) over a KV cache of its own, filled with random values of the asked type. The limit is what the step must
@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tgi_llm.bench.floor import MatmulFloor  # noqa: E402
+from tgi_llm.kv_cache import KV_CACHE_TYPES, kv_scales, quantize_q8  # noqa: E402
 
 
 def read_bandwidth(gib: float = 1.0, reps: int = 5) -> float:
@@ -50,7 +51,13 @@ def decode_step(llm, context: int, dtype: torch.dtype):
     gen = torch.Generator().manual_seed(0)
     for k, v in runner.kv_caches:
         for cache in (k, v):
-            cache.copy_(torch.randn(cache.shape, generator=gen))
+            values = torch.randn(cache.shape, generator=gen)
+            if dtype == torch.int8:  # codes and their scales
+                codes, scales = quantize_q8(values)
+                cache.copy_(codes)
+                kv_scales(cache).copy_(scales)
+            else:
+                cache.copy_(values)
     table = list(range(blocks))
     random.Random(0).shuffle(table)  # a pool's blocks are scattered
     return greedy_step_timer(runner, StepPlan([ScheduledSeq(0, context - 1, [1000], table, samples=True,
@@ -61,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-id", default=None, help="default: SmolLM2-135M-Instruct")
     ap.add_argument("--context", type=int, nargs="+", default=[512, 2048, 8192, 32768])
-    ap.add_argument("--kv-cache-dtype", nargs="+", default=["float32", "bfloat16", "float16"])
+    ap.add_argument("--kv-cache-dtype", nargs="+", default=list(KV_CACHE_TYPES), choices=list(KV_CACHE_TYPES))
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="also write the numbers as JSON")
@@ -79,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for name in args.kv_cache_dtype:
                 for context in args.context:
-                    step = decode_step(llm, context, getattr(torch, name))
+                    step = decode_step(llm, context, KV_CACHE_TYPES[name])
                     step(), step()  # the fused stack's first-step check, then a warm step
                     times.setdefault((name, context), []).extend(step() for _ in range(args.reps))
                     del step
@@ -87,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s; weights {weight_bytes / 2**20:.1f} MiB a step\n")
         print("| KV cache | context | ms / token | limit ms | over the limit |\n|---|---|---|---|---|")
         for (name, context), samples in times.items():
-            kv_bytes = context * kv_cache_bytes_per_token(model.config, getattr(torch, name))
+            kv_bytes = context * kv_cache_bytes_per_token(model.config, KV_CACHE_TYPES[name])
             limit = (weight_bytes + kv_bytes) / bandwidth
             ms = statistics.median(samples)
             results.append({"kv_cache_dtype": name, "context": context, "ms": ms * 1e3, "limit_ms": limit * 1e3,

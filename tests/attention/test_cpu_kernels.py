@@ -14,7 +14,7 @@ from tgi_llm.attention.cpu_kernels import (
     _choose_prefill,
     cpu_attention_kernels,
 )
-from tgi_llm.kv_cache import gather_kv
+from tgi_llm.kv_cache import cache_of, gather_kv, read_cache
 
 kernel = cpu_attention_kernels()
 pytestmark = pytest.mark.usefixtures("c_kernels")  # fails, never skips, without a compiler
@@ -46,7 +46,7 @@ def reference(q, k_cache, v_cache, tables, lens, scale, softcap=None):
 @pytest.mark.parametrize("kv_dtype", KV_DTYPES)
 def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size, softcap, kv_dtype):
     """Soft-capped too (Gemma 2: scores -> cap tanh(scores / cap)), with scores far past the cap both ways;
-    from each cache type (the reference reads the same 16-bit values, exactly widened)."""
+    from each cache type (the reference reads the same 16- or 8-bit values, exactly widened)."""
     gen = torch.Generator().manual_seed(0)
     lens = [1, 2, 15, 16, 17, 33, 100, 257]
     width = max(-(-n // block_size) for n in lens) + 1
@@ -63,7 +63,7 @@ def test_matches_reference_over_ragged_lengths(heads, kv_heads, dim, block_size,
     q = torch.randn(len(lens), heads, dim, generator=gen) * 3
     scale = dim**-0.5
     seq_lens = torch.tensor(lens, dtype=torch.int32)
-    k_cache, v_cache = k_cache.to(kv_dtype), v_cache.to(kv_dtype)
+    k_cache, v_cache = cache_of(k_cache, kv_dtype), cache_of(v_cache, kv_dtype)
     got = kernel.decode(q, k_cache, v_cache, tables, seq_lens, max(lens), scale, softcap)
     want = reference(q, k_cache, v_cache, tables, lens, scale, softcap)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -97,7 +97,7 @@ def test_a_long_context_split_over_the_threads_matches_reference(kv_dtype, lens)
     after: the same attention, at 1 thread (fewer parts) and 2, including a part past a short sequence's end."""
     gen = torch.Generator().manual_seed(len(lens))
     block_size, width = 16, -(-max(lens) // 16)
-    k_cache, v_cache = (torch.randn(len(lens) * width, block_size, 3, 64, generator=gen).to(kv_dtype)
+    k_cache, v_cache = (cache_of(torch.randn(len(lens) * width, block_size, 3, 64, generator=gen), kv_dtype)
                         for _ in range(2))
     tables = torch.randperm(len(lens) * width, generator=gen).to(torch.int32).view(len(lens), width)
     q = torch.randn(len(lens), 9, 64, generator=gen) * 3
@@ -113,16 +113,17 @@ def test_a_long_context_split_over_the_threads_matches_reference(kv_dtype, lens)
         torch.set_num_threads(saved)
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
-def test_prefill_over_a_16_bit_cache_matches_reference(kv_dtype):
-    """Prompt chunks after cached tokens, two sequences in one call, read from a 16-bit cache: attention
-    over exactly those 16-bit values."""
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16, torch.int8])
+def test_prefill_over_a_16_or_8_bit_cache_matches_reference(kv_dtype):
+    """Prompt chunks after cached tokens, two sequences in one call, read from a 16-bit or int8 cache:
+    attention over exactly those values."""
     gen = torch.Generator().manual_seed(5)
-    contexts = [tuple(torch.randn(n, 3, 64, generator=gen).to(kv_dtype).float() for _ in range(2)) for n in (90, 37)]
+    contexts = [tuple(read_cache(cache_of(torch.randn(n, 3, 64, generator=gen), kv_dtype)) for _ in range(2))
+                for n in (90, 37)]
     k_cache, v_cache, tables = paged(contexts, 3, 64, 16, gen)
     q = torch.randn(30 + 37, 9, 64, generator=gen)
     out = torch.full_like(q, float("nan"))
-    kernel.prefill(q, out, k_cache.to(kv_dtype), v_cache.to(kv_dtype), tables,
+    kernel.prefill(q, out, cache_of(k_cache, kv_dtype), cache_of(v_cache, kv_dtype), tables,
                    [PrefillSequence(0, 30, 90, 0), PrefillSequence(30, 37, 37, 1)], 0.125)
     torch.testing.assert_close(out[:30], causal_reference(q[:30], *contexts[0], 0.125), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[30:], causal_reference(q[30:], *contexts[1], 0.125), rtol=1e-5, atol=1e-5)
@@ -134,7 +135,8 @@ def test_supports_only_what_it_computes():
     assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 64, dtype=torch.bfloat16), cache)
     for dtype in (torch.bfloat16, torch.float16):  # 16-bit caches, converted as read
         assert CpuAttentionKernels.supports(torch.zeros(3, 4, 64), cache.to(dtype))
-    assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 64), cache.to(torch.int8))
+    assert CpuAttentionKernels.supports(torch.zeros(3, 4, 64), cache_of(cache, torch.int8))
+    assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 64), cache.to(torch.int16))
     assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 8), torch.zeros(4, 16, 2, 8))  # D % 16
     assert not CpuAttentionKernels.supports(torch.zeros(3, 4, 512), torch.zeros(4, 16, 2, 512))  # D > 256
 
@@ -339,7 +341,7 @@ def test_self_check_rejects_a_library_whose_batched_decode_is_wrong(tmp_path, us
     """The load-time check covers the sequence-per-item path too (batches of 4 sequences a thread): a
     library whose batched decode reads the wrong value head must not serve."""
     use_settings(kernel_cache=tmp_path)
-    right = "kv_at(vb, h * D, kind), n, tok, C, G, os + h * G * D"
+    right = "kv_at(vb, h * D, kind), q8 ? vsb + h * hs : NULL"
     wrong = right.replace("h * D", "0")  # the same value head for every KV head
     broken = build_variant("kernels_wrong_value_head", patched_sources(tmp_path, "attention/paged.c", right, wrong))
     with pytest.raises(RuntimeError, match="paged decode kernel disagrees"):

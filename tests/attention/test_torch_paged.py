@@ -10,6 +10,7 @@ import torch
 import tgi_llm.attention as attention_pkg
 from tgi_llm.attention import TorchPagedAttention, preferred_block_size, select_attention_backend
 from tgi_llm.attention.cpu_kernels import cpu_attention_kernels
+from tgi_llm.kv_cache import as_cached, cache_of, read_cache
 
 HQ, HKV, D = 4, 2, 8
 
@@ -29,11 +30,11 @@ def reference(q: torch.Tensor, k_hist: torch.Tensor, v_hist: torch.Tensor, scale
 def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int, dim: int = D,
               kv_dtype: torch.dtype = torch.float32) -> None:
     """Each step: (sequence id, number of new tokens). Checks output and cache contents every step: with a
-    16-bit cache, attention is exactly attention over the K/V history rounded to it, prompt tokens included."""
+    16- or 8-bit cache, attention is exactly attention over the K/V history rounded to it, prompt tokens
+    included."""
     gen = torch.Generator().manual_seed(0)
     batcher = paged_batcher(block_size=block_size, num_blocks=64)
-    k_cache = torch.zeros(64, block_size, HKV, dim, dtype=kv_dtype)
-    v_cache = torch.zeros(64, block_size, HKV, dim, dtype=kv_dtype)
+    k_cache, v_cache = (cache_of(torch.zeros(64, block_size, HKV, dim), kv_dtype) for _ in range(2))
     history: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     backend = TorchPagedAttention()
     scale = 1 / math.sqrt(dim)
@@ -46,8 +47,8 @@ def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int
         start = 0
         for sid, n in step:
             old_k, old_v = history.get(sid, (torch.empty(0, HKV, dim), torch.empty(0, HKV, dim)))
-            k_hist = torch.cat([old_k, k[start : start + n].to(kv_dtype).float()])
-            v_hist = torch.cat([old_v, v[start : start + n].to(kv_dtype).float()])
+            k_hist = torch.cat([old_k, as_cached(k[start : start + n], k_cache)])
+            v_hist = torch.cat([old_v, as_cached(v[start : start + n], v_cache)])
             history[sid] = (k_hist, v_hist)
             expected = reference(q[start : start + n], k_hist, v_hist, scale)
             torch.testing.assert_close(out[start : start + n], expected, rtol=1e-5, atol=1e-5)
@@ -55,12 +56,12 @@ def run_steps(paged_batcher, steps: list[list[tuple[int, int]]], block_size: int
             table = batcher.tables[sid]
             pos = torch.arange(k_hist.shape[0])
             blocks = torch.tensor(table)[pos // block_size]
-            assert torch.equal(k_cache[blocks, pos % block_size].float(), k_hist)
-            assert torch.equal(v_cache[blocks, pos % block_size].float(), v_hist)
+            assert torch.equal(read_cache(k_cache)[blocks, pos % block_size], k_hist)
+            assert torch.equal(read_cache(v_cache)[blocks, pos % block_size], v_hist)
             start += n
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
 def test_mixed_prefill_chunked_prefill_and_decode(paged_batcher, kv_dtype):
     steps = [
         [(0, 7), (1, 1), (2, 12)],  # prefills, one of a single token
@@ -68,11 +69,11 @@ def test_mixed_prefill_chunked_prefill_and_decode(paged_batcher, kv_dtype):
         [(3, 9), (0, 1), (1, 1), (2, 3)],  # new prefill next to decodes and a chunk
         [(0, 1), (1, 1), (2, 1), (3, 1)],  # pure decode: the batched path
     ]
-    run_steps(paged_batcher, steps, block_size=4, kv_dtype=kv_dtype)
+    run_steps(paged_batcher, steps, block_size=4, kv_dtype=kv_dtype, dim=16 if kv_dtype == torch.int8 else D)
 
 
 @pytest.mark.parametrize("prefill_kernel", [True, False])
-@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int8])
 def test_prompt_chunks_by_the_c_kernel_or_sdpa_agree(paged_batcher, monkeypatch, c_kernels, prefill_kernel,
                                                      kv_dtype):
     """Head size 16, which the C kernels take: decodes through the decode kernel, prompt chunks through

@@ -19,6 +19,6 @@ def test_an_unset_kv_cache_dtype_is_auto():
 
 @pytest.mark.parametrize("name", ["int3", "fp8", "bf16", "Float16"])
 def test_an_unknown_kv_cache_dtype_is_refused_naming_the_option_and_the_choices(name):
-    with pytest.raises(ValueError, match=rf"`kv_cache_dtype` must be one of auto, float32, bfloat16, float16\. "
+    with pytest.raises(ValueError, match=rf"`kv_cache_dtype` must be one of auto, float32, bfloat16, float16, int8\. "
                                          rf"Given: {name}"):
         EngineOptions.from_parameters({"kv_cache_dtype": name})

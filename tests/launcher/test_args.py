@@ -59,6 +59,7 @@ def test_kv_cache_dtype_by_flag_or_env_reaches_the_model_and_only_known_ones_pas
     assert model_parameters(check([]), "/m")["kv_cache_dtype"] == "auto"
     assert model_parameters(check(["--kv-cache-dtype", "bfloat16"]), "/m")["kv_cache_dtype"] == "bfloat16"
     assert model_parameters(check([], {"KV_CACHE_DTYPE": "float16"}), "/m")["kv_cache_dtype"] == "float16"
+    assert model_parameters(check(["--kv-cache-dtype", "int8"]), "/m")["kv_cache_dtype"] == "int8"
     with pytest.raises(SystemExit):
         parse_args(["--kv-cache-dtype", "int3"], {})
 

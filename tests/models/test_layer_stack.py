@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from tgi_llm.kv_cache import cache_of, kv_scales
 from tgi_llm.models.layer_stack import FusedLayerStack
 from tgi_llm.models.loader import load_model
 from tgi_llm.quant.linear import FLOAT_GEMM_MIN_TOKENS, GEMM_MIN_TOKENS, Q8_GEMM_MIN_TOKENS
@@ -25,7 +26,7 @@ def _forward(model, kv, step):
 def _caches(model, num_blocks=96, block_size=4, dtype=torch.float32):
     first = model.layers[0]
     shape = (num_blocks, block_size, first.num_kv_heads, first.head_dim)
-    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in model.layers]
+    return [(cache_of(torch.zeros(shape), dtype), cache_of(torch.zeros(shape), dtype)) for _ in model.layers]
 
 
 def _steps(rng: random.Random, rows: int):
@@ -84,12 +85,12 @@ def test_decode_steps_match_the_torch_layers(tiny_model_factory, paged_batcher, 
     assert decode_steps == 7
 
 
-@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16])
-def test_a_16_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batcher, use_settings, kv_dtype):
-    """The stack rounds the K/V it writes to the cache's type as torch's cast does, decode reads them in
-    place and prompt chunks through converted copies. Its norms and rope round like torch's only up to ~1e-6,
-    which can flip a 16-bit rounding now and then (5e-5 in the outputs on the AVX2 build); a wrong kernel
-    differs by the values' size."""
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float16, torch.int8])
+def test_a_16_or_8_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batcher, use_settings, kv_dtype):
+    """The stack rounds the K/V it writes to the cache's type as torch's cast does (int8: the codes and
+    scales kv_cache.quantize_q8 computes), decode reads them in place and prompt chunks through converted
+    copies. Its norms and rope round like torch's only up to ~1e-6, which can flip a rounding now and then
+    (5e-5 in the outputs on the AVX2 build); a wrong kernel differs by the values' size."""
     use_settings(float_linears="c")
     model_dir = tiny_model_factory("llama")
     fused, _ = load_model(model_dir, quantization=Quantization("int8"))
@@ -102,6 +103,11 @@ def test_a_16_bit_cache_matches_the_torch_layers(tiny_model_factory, paged_batch
     assert isinstance(stack, FusedLayerStack) and stack.checked == {"decode", "mixed", "verify"}
     for (k1, v1), (k2, v2) in zip(fused_kv, reference_kv, strict=True):
         assert k1.dtype == kv_dtype and k1.abs().sum() > 0
+        if kv_dtype == torch.int8:  # codes one step apart at most, and the same but for a rare flip
+            for a, b in ((k1, k2), (v1, v2)):
+                assert (a.int() - b.int()).abs().max() <= 1 and (a == b).float().mean() > 0.999
+                torch.testing.assert_close(kv_scales(a), kv_scales(b), rtol=2e-3, atol=0)
+            continue
         # one rounding step apart at most: the stack's norms and rope round like torch's only up to ~1e-6
         torch.testing.assert_close(k1.float(), k2.float(), rtol=1e-2, atol=1e-3)
         torch.testing.assert_close(v1.float(), v2.float(), rtol=1e-2, atol=1e-3)

@@ -9,8 +9,9 @@ attends every prompt chunk of the step in one call, reading each chunk's whole c
 tokens) in place through its block table: no gathered copy, no mask tensor, and a chunk after cached tokens
 costs what the same rows of a whole prompt cost.
 Both are in tgi_llm/csrc/attention/paged.c, on the native-width vectors of csrc/include/vectors.h. The cache
-may hold bfloat16 or float16 (--kv-cache-dtype): decode converts each element in registers as it reads it;
-prefill converts the blocks a call reads to float32 first (`paged_prefill_kv`).
+may hold bfloat16, float16 or int8 (--kv-cache-dtype): decode converts each element in registers as it reads
+it (int8: a block at a time, into the worker's scratch); prefill converts the blocks a call reads to float32
+first (`paged_prefill_kv`).
 `paged_prefill_bf16`, built only where the CPU has AVX512-BF16, is the prefill kernel with bfloat16 products,
 for models whose linears run in bfloat16 (`--dtype bfloat16`). docs/CPU_KERNELS.md describes them.
 
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tgi_llm.kv_cache import cache_of, kv_scales, read_cache
 from tgi_llm.native import CheckedKernels
 from tgi_llm.native.abi import KvDtype
 from tgi_llm.settings import settings
@@ -45,7 +47,13 @@ _MAX_QUERY_HEADS = 256
 #: Query heads per KV head the prefill kernel's work items hold (MAXQ in the C source).
 MAX_PREFILL_GROUP = 48
 #: The K/V cache element types the kernels read (converted to float32 in registers; --kv-cache-dtype).
-KV_DTYPES = {torch.float32: KvDtype.KV_F32, torch.bfloat16: KvDtype.KV_BF16, torch.float16: KvDtype.KV_F16}
+KV_DTYPES = {torch.float32: KvDtype.KV_F32, torch.bfloat16: KvDtype.KV_BF16, torch.float16: KvDtype.KV_F16,
+             torch.int8: KvDtype.KV_Q8}
+
+
+def scales_address(cache: torch.Tensor) -> int:
+    """Where a int8 cache's scales lie (0 for the other types, whose kernels take none)."""
+    return kv_scales(cache).data_ptr() if cache.dtype == torch.int8 else 0
 
 
 def _rows_ok(x: torch.Tensor) -> bool:
@@ -75,8 +83,8 @@ class CpuAttentionKernels:
 
     @staticmethod
     def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
-        """q [T, Hq, D] float32; k: the cache ([blocks, block_size, Hkv, D], decode; float32 or 16-bit) or the
-        new keys ([T, Hkv, D])."""
+        """q [T, Hq, D] float32; k: the cache ([blocks, block_size, Hkv, D], decode; float32, 16-bit or int8)
+        or the new keys ([T, Hkv, D])."""
         dim = q.shape[-1]
         return (
             q.device.type == "cpu"
@@ -108,7 +116,8 @@ class CpuAttentionKernels:
         stride = -(-max_seq_len // 16) * 16
         scores = torch.empty((batch, heads, stride), dtype=torch.float32)
         failed = self._decode(
-            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), KV_DTYPES[k_cache.dtype], tables.data_ptr(),
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), scales_address(k_cache), scales_address(v_cache),
+            KV_DTYPES[k_cache.dtype], tables.data_ptr(),
             lens.data_ptr(), out.data_ptr(), scores.data_ptr(), batch, heads, kv_heads, dim, block_size,
             tables.shape[1], stride, scale, softcap or 0.0, torch.get_num_threads(),
         )
@@ -144,10 +153,11 @@ class CpuAttentionKernels:
         run = self.bf16_prefill_address if bf16 else self.prefill_address
         if run is None:
             raise ValueError("bfloat16 prefill attention needs a CPU with AVX512-BF16")
-        # a 16-bit cache: the blocks read converted to float32 first (paged_prefill_kv), float32 as it is
+        # a 16- or 8-bit cache: the blocks read converted to float32 first (paged_prefill_kv), float32 as it is
         failed = self._prefill_kv(
             run, KV_DTYPES[k_cache.dtype], q.data_ptr(), q.stride(0), out.data_ptr(), k_cache.data_ptr(),
-            v_cache.data_ptr(), tables.data_ptr(), tables.shape[1], *(row.data_ptr() for row in meta),
+            v_cache.data_ptr(), scales_address(k_cache), scales_address(v_cache), tables.data_ptr(), tables.shape[1],
+            *(row.data_ptr() for row in meta),
             len(sequences), q.shape[1], kv_heads, dim, block_size, scale, torch.get_num_threads(),
         )
         if failed:
@@ -185,7 +195,7 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
     seq_lens = torch.tensor(lens, dtype=torch.int32)
 
     def want(i: int, n: int, k_cache: torch.Tensor, v_cache: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
-        k, v = (c[tables[i].long()].float().reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
+        k, v = (read_cache(c)[tables[i].long()].reshape(-1, kv_heads, dim)[:n].repeat_interleave(heads // kv_heads, 1)
                 for c in (k_cache, v_cache))
         return torch.einsum("hk,khd->hd", (torch.einsum("hd,khd->hk", q[i], k) * 0.125).softmax(-1), v)
 
@@ -202,7 +212,7 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
     long_table = torch.randperm(40, generator=gen).to(torch.int32)[None]
     long_k, long_v = (torch.randn(40, block_size, kv_heads, dim, generator=gen) for _ in range(2))
     for dtype in KV_DTYPES:
-        k16, v16 = long_k.to(dtype), long_v.to(dtype)
+        k16, v16 = cache_of(long_k, dtype), cache_of(long_v, dtype)
         out = kernels.decode(q[:1], k16, v16, long_table, torch.tensor([611], dtype=torch.int32), 611, 0.125)
         if not torch.allclose(out[0], want(0, 611, k16, v16, long_table), rtol=1e-4, atol=1e-5):
             raise RuntimeError(f"paged decode kernel disagrees with torch on a long {dtype} cache")
@@ -215,11 +225,11 @@ def _self_check(kernels: CpuAttentionKernels) -> None:
         cases.append((torch.float32, True, 5e-2))
     for dtype, bf16, tolerance in cases:
         out = torch.empty_like(qp)
-        k16, v16 = k_cache.to(dtype), v_cache.to(dtype)
+        k16, v16 = cache_of(k_cache, dtype), cache_of(v_cache, dtype)
         kernels.prefill(qp, out, k16, v16, tables, [PrefillSequence(0, 4, 4, 1), PrefillSequence(4, 5, 13, 2)],
                         0.125, bf16=bf16)
         for start, n, context, row in ((0, 4, 4, 1), (4, 5, 13, 2)):
-            kp, vp = (c[tables[row]].float().reshape(-1, kv_heads, dim)[:context] for c in (k16, v16))
+            kp, vp = (read_cache(c)[tables[row]].reshape(-1, kv_heads, dim)[:context] for c in (k16, v16))
             mask = torch.ones(n, context, dtype=torch.bool).tril(context - n)
             expected = torch.nn.functional.scaled_dot_product_attention(
                 qp[start:start + n].transpose(0, 1), kp.transpose(0, 1), vp.transpose(0, 1),

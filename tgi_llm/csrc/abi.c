@@ -45,6 +45,8 @@ static const abi_entry_t entries[] = {
     FIELD(layer_t, experts),
     FIELD(layer_t, rope_dim),
     FIELD(layer_t, kv_dtype),
+    FIELD(layer_t, k_scales),
+    FIELD(layer_t, v_scales),
     SIZE(experts_t),
     FIELD(experts_t, router),
     FIELD(experts_t, gate_up),
@@ -76,6 +78,8 @@ static const abi_entry_t entries[] = {
     VALUE(KV_F32),
     VALUE(KV_BF16),
     VALUE(KV_F16),
+    VALUE(KV_Q8),
+    VALUE(KV_Q8_GROUP),
     {NULL, 0},
 };
 

@@ -19,6 +19,7 @@ from tgi_llm.engine.limits import (
 )
 from tgi_llm.engine.options import EngineOptions
 from tgi_llm.errors import ArgumentValidationError
+from tgi_llm.kv_cache import kv_cache_dtype_name
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +75,9 @@ def check_context_fits(opts: EngineOptions, asked: int, kv_tokens: int, per_toke
         return  # TGI's token checks (resolve_limits) cover a pool sized in tokens
     need = asked * per_token
     what = (f"`max_total_tokens` {asked} needs {need / 2**30:.2f} GiB of KV cache ({per_token} bytes a token in "
-            f"{str(kv_dtype).removeprefix('torch.')})")
-    remedies = "lower `--max-total-tokens`, or store the cache in 16 bits (`--kv-cache-dtype float16` or `bfloat16`)"
+            f"{kv_cache_dtype_name(kv_dtype)})")
+    remedies = ("lower `--max-total-tokens`, or store the cache in fewer bits (`--kv-cache-dtype float16`: half of "
+                "float32's bytes; `int8`: 28%)")
     if asked > kv_tokens:
         raise ArgumentValidationError(
             f"Not enough KV-cache memory: {what}, but the budget holds {kv_tokens} tokens "
@@ -100,7 +102,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     from transformers import AutoTokenizer
 
     from tgi_llm.attention import preferred_block_size
-    from tgi_llm.kv_cache import allocate_kv_cache, resolve_kv_cache_dtype
+    from tgi_llm.kv_cache import allocate_kv_cache, check_kv_cache_dtype_fits, resolve_kv_cache_dtype
     from tgi_llm.models.config import attention_cost_per_context_token, kv_cache_bytes_per_token
     from tgi_llm.models.loader import load_model
     from tgi_llm.quant.modes import parse_quantize
@@ -122,10 +124,11 @@ def _build_engine(opts: EngineOptions) -> Engine:
         from tgi_llm.parallel import ShardGroup
 
         shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id(),
-                                   opts.quantize, opts.quantize_group_size, str(kv_dtype).removeprefix("torch."),
+                                   opts.quantize, opts.quantize_group_size, kv_cache_dtype_name(kv_dtype),
                                    opts.rope_override)
     model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
                                quantization=quantization, rope_override=opts.rope_override)
+    check_kv_cache_dtype_fits(config.head_dim, kv_dtype)
     block_size = opts.limits.block_size
     if block_size == 16 and preferred_block_size(device) != 16:
         block_size = preferred_block_size(device)
@@ -155,7 +158,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     logger.info(
         "KV cache: %d blocks of %d tokens in %s (%.2f GiB, %d bytes/token); prefix caching %s, chunked prefill %s "
         "(step budget %d tokens, paced to %s ms while streams decode)", limits.num_blocks, block_size,
-        str(kv_dtype).removeprefix("torch."), limits.num_blocks * block_size * per_token / 2**30, per_token,
+        kv_cache_dtype_name(kv_dtype), limits.num_blocks * block_size * per_token / 2**30, per_token,
         "on" if limits.prefix_caching else "off",
         "on" if limits.prefill_chunking else "off", limits.max_batch_prefill_tokens,
         limits.prefill_step_target_ms or "-",
@@ -196,7 +199,7 @@ def check_kv_dtype_fits_backend(device: torch.device, dtype: torch.dtype, kv_dty
     from tgi_llm.attention.flash import flash_attn_available
 
     if device.type == "cuda" and kv_dtype != dtype and flash_attn_available():
-        kv, model = str(kv_dtype).removeprefix("torch."), str(dtype).removeprefix("torch.")
+        kv, model = kv_cache_dtype_name(kv_dtype), str(dtype).removeprefix("torch.")
         raise ArgumentValidationError(
             f"`--kv-cache-dtype {kv}` differs from `--dtype {model}`, and flash-attn reads a KV cache of the "
             f"model's dtype only: use `--kv-cache-dtype auto`, or `--dtype {kv}` for both")

@@ -10,7 +10,7 @@ from tgi_llm.models.rope_override import RopeOverride
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: --kv-cache-dtype: auto (tgi_llm/kv_cache.py resolve_kv_cache_dtype) or the element type of the K/V caches.
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 
 
 @dataclass(frozen=True)

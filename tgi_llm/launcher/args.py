@@ -98,9 +98,9 @@ FLAGS: list[Flag] = [
     Flag("kv_cache_memory_gb", float, None, "KV-cache budget (default: on the CPU 16,384 tokens, or one request of "
                                             "--max-total-tokens where longer; on CUDA 80%% of free memory)"),
     Flag("kv_cache_dtype", default="auto", choices=KV_CACHE_DTYPES,
-         help="Element type of the KV cache: auto (float32 on the CPU, the --dtype on a GPU), float32, "
-              "bfloat16 or float16; 16 bits hold twice the tokens in the same memory and decode long contexts "
-              "faster"),
+         help="Element type of the KV cache: auto (the --dtype: float32 on the CPU by default), float32, "
+              "bfloat16, float16, or int8 (with a float16 scale per 16 values, as llama.cpp's q8_0 per 32); 16 "
+              "bits hold twice float32's tokens in the same memory and decode long contexts faster, int8 3.56x"),
     Flag("rope_scaling", choices=ROPE_SCALINGS,
          help="Stretch the rotary embeddings past the model's max_position_embeddings, in place of its config's "
               "rope scaling: linear, or dynamic (NTK-aware: as trained up to max_position_embeddings; for models "

@@ -33,6 +33,7 @@ from tgi_llm.attention.cpu_kernels import (
     PrefillSequence,
     cpu_attention_kernels,
     prefill_arguments,
+    scales_address,
 )
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
@@ -268,7 +269,7 @@ def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
         rope=_ROPE_TABLES[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(),
         v_cache=v.data_ptr(), experts=None if experts is None else ctypes.addressof(experts.struct),
-        rope_dim=rope_dim, kv_dtype=KV_DTYPES[k.dtype])
+        rope_dim=rope_dim, kv_dtype=KV_DTYPES[k.dtype], k_scales=scales_address(k), v_scales=scales_address(v))
 
 
 def _leading_decode_rows(query_lens: list[int]) -> int:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ctypes
 from enum import IntEnum
 
+from tgi_llm.kv_cache import Q8_GROUP
+
 _p, _i32, _i64, _f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float
 
 
@@ -56,6 +58,7 @@ class KvDtype(IntEnum):
     KV_F32 = 0
     KV_BF16 = 1
     KV_F16 = 2
+    KV_Q8 = 3
 
 
 class Experts(ctypes.Structure):
@@ -73,7 +76,7 @@ class Layer(ctypes.Structure):
                 ("input_norm", _p), ("post_norm", _p), ("attn_out_norm", _p), ("mlp_out_norm", _p),
                 ("q_norm", _p), ("k_norm", _p), ("qk_norm_per_head", _i32), ("rope", _i32),
                 ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p), ("rope_dim", _i64),
-                ("kv_dtype", _i32)]
+                ("kv_dtype", _i32), ("k_scales", _p), ("v_scales", _p)]
 
 
 class Prompts(ctypes.Structure):
@@ -94,10 +97,10 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "amx_usable": ([], ctypes.c_int),
     "set_amx_min_rows": ([_i64, _i64, _i64], None),
     "quant_apply": ([_p, _p, _i64, _p, _i64, _i64, _i64, ctypes.c_int], None),
-    "paged_decode": ([_p, _p, _p, _i32] + [_p] * 4 + [_i64] * 7 + [_f32, _f32, ctypes.c_int], ctypes.c_int),
-    "paged_prefill_kv": ([_p, _i32, _p, _i64, _p, _p, _p, _p, _i64] + [_p] * 4 + [_i64] * 5 + [_f32, ctypes.c_int],
-                         ctypes.c_int),
-    "kv_store_row": ([_p, _p, _i64, _i32], None),
+    "paged_decode": ([_p, _p, _p, _p, _p, _i32] + [_p] * 4 + [_i64] * 7 + [_f32, _f32, ctypes.c_int], ctypes.c_int),
+    "paged_prefill_kv": ([_p, _i32, _p, _i64, _p, _p, _p, _p, _p, _p, _i64] + [_p] * 4 + [_i64] * 5
+                         + [_f32, ctypes.c_int], ctypes.c_int),
+    "kv_store_row": ([_p, _p, _p, _i64, _i32], None),
     "paged_prefill_f32": _PREFILL,
     "paged_prefill_bf16": _PREFILL,
     "paged_prefill_amx": _PREFILL,
@@ -131,12 +134,14 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def expected_abi() -> dict[str, int]:
-    """What `native_abi` must report: the mirrors' sizes and field offsets, the enum's values."""
+    """What `native_abi` must report: the mirrors' sizes and field offsets, the enums' values, the int8 KV
+    cache's group."""
     want = {}
     for struct, c_name in C_NAMES.items():
         want[f"sizeof({c_name})"] = ctypes.sizeof(struct)
         want.update({f"{c_name}.{field}": getattr(struct, field).offset for field, _ in struct._fields_})
     want.update({value.name: int(value) for enum in (WeightKind, Activation, RopeTables, KvDtype) for value in enum})
+    want["KV_Q8_GROUP"] = Q8_GROUP  # the int8 cache's layout, written by both sides
     return want
 
 

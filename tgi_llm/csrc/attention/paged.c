@@ -23,7 +23,8 @@
    spread between the heads' work (item 40: 16 x 400 tokens 13.9 -> 12.5 ms for 30 layers, AMX Xeon).
    The cache holds float32, bfloat16 or float16 (kv_dtype_t, --kv-cache-dtype): each element is converted
    in registers as it is loaded and everything after is float32, so a 16-bit cache moves half the bytes
-   through the same loops.
+   through the same loops. An 8-bit cache (KV_Q8) likewise: a key's products with the codes are summed a
+   group at a time and scaled once a group (score_q8), a value's codes are scaled as they are loaded.
    Few sequences with long contexts (fewer work items than SEQ_ITEMS_PER_THREAD a thread) split each
    (sequence, KV head) into parts of at least SPLIT_MIN_KEYS keys, flash-decoding's split-K: each part keeps
    its softmax's max and sum beside its output, and the parts are combined at the end, so that one stream's
@@ -48,6 +49,23 @@ static inline __attribute__((always_inline)) V vld_kv(const void* p, const int k
     return vld((const float*)p);
 }
 
+/* n token rows (tok elements apart) of a KV_Q8 cache from codes c and scales sc (c's element index / KV_Q8_GROUP):
+   their first `width` elements as float32 rows of `width` in out */
+static inline __attribute__((always_inline)) void dequant_q8_rows(const int8_t* c, const _Float16* sc, const int64_t n,
+                                                                  const int64_t tok, const int64_t width,
+                                                                  float* restrict out) {
+    for (int64_t t = 0; t < n; t++) {
+        const int8_t* r = c + t * tok;
+        const _Float16* d = sc + t * (tok / KV_Q8_GROUP);
+        float* o = out + t * width;
+        for (int64_t g = 0; g < width / KV_Q8_GROUP; g++) {
+            const V scale = vset1((float)d[g]);
+            UNROLL for (int e = 0; e < KV_Q8_GROUP; e += VL)
+                vst(o + g * KV_Q8_GROUP + e, vmul(vld_i8(r + g * KV_Q8_GROUP + e), scale));
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void prefetch_rows(const void* p, const int64_t rows,
                                                                 const int64_t stride, const int64_t width,
                                                                 const int kind) {
@@ -65,6 +83,32 @@ static inline __attribute__((always_inline)) void prefetch_4_tokens(const void* 
                                                                     const int kind) {
     /* the first `width` elements of token rows pos .. pos + 3 (pos a multiple of 4: one block when BS is) */
     prefetch_rows(kv_at(c, ((int64_t)table[pos / BS] * BS + pos % BS) * tok, kind), 4, tok, width, kind);
+}
+
+/* 8-bit (KV_Q8) keys and values, converted in registers like the 16-bit types. A key's scores fold its scales
+   in per group: q . k = sum over groups of scale x (q . codes), one FMA a group on top of the products */
+#define Q8_SCALES(tok) ((tok) / KV_Q8_GROUP) /* scales per token row */
+
+static inline __attribute__((always_inline)) void score_q8(const float* restrict qg, const int8_t* k0,
+                                                           const _Float16* s0, const int64_t tok, const int64_t C,
+                                                           float* restrict out, const int N) {
+    /* out[0..N-1] = qg . the N key rows from k0 (tok elements apart), their scales from s0 (N = VL: the
+       lanes summed by score_vl's transposing tree) */
+    V a[VL];
+    UNROLL for (int i = 0; i < N; i++) a[i] = vzero();
+    for (int64_t g = 0; g < C * VL / KV_Q8_GROUP; g++) {
+        UNROLL for (int i = 0; i < N; i++) {
+            const int8_t* k = k0 + i * tok + g * KV_Q8_GROUP;
+            V dot = vmul(vld(qg + g * KV_Q8_GROUP), vld_i8(k));
+            UNROLL for (int e = VL; e < KV_Q8_GROUP; e += VL)
+                dot = vfma(vld(qg + g * KV_Q8_GROUP + e), vld_i8(k + e), dot);
+            a[i] = vfma(dot, vset1((float)s0[i * Q8_SCALES(tok) + g]), a[i]);
+        }
+    }
+    if (N == VL)
+        vst(out, vsum_lanes(a));
+    else
+        UNROLL for (int i = 0; i < N; i++) out[i] = vsum(a[i]);
 }
 
 static inline __attribute__((always_inline)) void score4(const float* restrict qg, const void* k0,
@@ -145,12 +189,13 @@ static inline void softcap_row(float* restrict row, const int64_t L, const float
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 static inline __attribute__((always_inline)) void add_pv(const float* restrict p, const int64_t pstride,
-                                                         const void* v0, const int64_t n, const int64_t tok,
-                                                         const int64_t C, const int NH, float* restrict oh,
-                                                         const int kind) {
+                                                         const void* v0, const _Float16* s0, const int64_t n,
+                                                         const int64_t tok, const int64_t C, const int NH,
+                                                         float* restrict oh, const int kind) {
     /* oh[h] += sum over n value rows (v0, v0 + tok, ...) of p[h pstride + t] * row, for NH query heads of a
        group (outputs C * VL apart): each value vector is loaded once for all of them, and NH x C independent
-       FMA chains keep both FMA ports busy (one head's C chains wait on the FMA latency) */
+       FMA chains keep both FMA ports busy (one head's C chains wait on the FMA latency). KV_Q8: the rows'
+       scales from s0 */
     V acc[MAX_DV];
     UNROLL for (int h = 0; h < NH; h++)
         UNROLL for (int64_t c = 0; c < C; c++) acc[h * C + c] = vld(oh + (h * C + c) * VL);
@@ -158,7 +203,9 @@ static inline __attribute__((always_inline)) void add_pv(const float* restrict p
         V pt[NH];
         UNROLL for (int h = 0; h < NH; h++) pt[h] = vset1(p[h * pstride + t]);
         UNROLL for (int64_t c = 0; c < C; c++) {
-            const V vv = vld_kv(kv_at(v0, t * tok + c * VL, kind), kind);
+            const V vv = kind == KV_Q8 ? vmul(vld_i8(kv_at(v0, t * tok + c * VL, kind)),
+                                              vset1((float)s0[t * Q8_SCALES(tok) + c * VL / KV_Q8_GROUP]))
+                                       : vld_kv(kv_at(v0, t * tok + c * VL, kind), kind);
             UNROLL for (int h = 0; h < NH; h++) acc[h * C + c] = vfma(pt[h], vv, acc[h * C + c]);
         }
     }
@@ -167,16 +214,16 @@ static inline __attribute__((always_inline)) void add_pv(const float* restrict p
 }
 
 static inline __attribute__((always_inline)) void add_pv_group(const float* restrict p, const int64_t pstride,
-                                                               const void* v0, const int64_t n, const int64_t tok,
-                                                               const int64_t C, const int64_t G,
+                                                               const void* v0, const _Float16* s0, const int64_t n,
+                                                               const int64_t tok, const int64_t C, const int64_t G,
                                                                float* restrict oh, const int kind) {
     /* the G query heads of one KV head: three at a time where their accumulators fit in registers */
     int64_t g = 0;
     if (3 * C <= PV_ACC)
-        for (; g + 3 <= G; g += 3) add_pv(p + g * pstride, pstride, v0, n, tok, C, 3, oh + g * C * VL, kind);
+        for (; g + 3 <= G; g += 3) add_pv(p + g * pstride, pstride, v0, s0, n, tok, C, 3, oh + g * C * VL, kind);
     if (2 * C <= PV_ACC)
-        for (; g + 2 <= G; g += 2) add_pv(p + g * pstride, pstride, v0, n, tok, C, 2, oh + g * C * VL, kind);
-    for (; g < G; g++) add_pv(p + g * pstride, pstride, v0, n, tok, C, 1, oh + g * C * VL, kind);
+        for (; g + 2 <= G; g += 2) add_pv(p + g * pstride, pstride, v0, s0, n, tok, C, 2, oh + g * C * VL, kind);
+    for (; g < G; g++) add_pv(p + g * pstride, pstride, v0, s0, n, tok, C, 1, oh + g * C * VL, kind);
 }
 
 static inline void scale_rows(float* restrict o, const float* restrict inv, const int64_t rows, const int64_t C) {
@@ -185,27 +232,35 @@ static inline void scale_rows(float* restrict o, const float* restrict inv, cons
 }
 
 static inline __attribute__((always_inline)) void decode_heads(
-    const float* restrict qs, const void* kc, const void* vc, const int32_t* restrict table, const int64_t L,
-    float* restrict s, float* restrict os, float* restrict stats, const int64_t H, const int64_t G,
-    const int64_t tok, const int64_t D, const int64_t BS, const int64_t stride, const float scale,
-    const float softcap, const int kind) {
-    /* One work item: H consecutive KV heads of a sequence (kc/vc offset to the first), G query heads each,
-       over the L keys from the first of `table`'s blocks. qs, os: those H G query heads [H G][D]; s: their
-       score rows [H G][stride]; tok: elements per token row; softcap > 0: scores soft-capped before the
-       softmax; stats (a part of a split context): each row's softmax max and sum [H G][2] (else NULL) */
-    const int64_t C = D / VL, R = H * G, width = H * D;
+    const float* restrict qs, const void* kc, const void* vc, const _Float16* ks, const _Float16* vs,
+    const int32_t* restrict table, const int64_t L, float* restrict s, float* restrict os, float* restrict stats,
+    const int64_t H, const int64_t G, const int64_t tok, const int64_t D, const int64_t BS, const int64_t stride,
+    const float scale, const float softcap, const int kind) {
+    /* One work item: H consecutive KV heads of a sequence (kc/vc, and ks/vs for KV_Q8, offset to the first), G
+       query heads each, over the L keys from the first of `table`'s blocks. qs, os: those H G query heads
+       [H G][D]; s: their score rows [H G][stride]; tok: elements per token row; softcap > 0: scores
+       soft-capped before the softmax; stats (a part of a split context): each row's softmax max and sum
+       [H G][2] (else NULL) */
+    const int64_t C = D / VL, R = H * G, width = H * D, hs = D / KV_Q8_GROUP; /* hs: a head row's scales */
+    const int q8 = kind == KV_Q8;
     float q[R * D];
     for (int64_t i = 0; i < R * D; i++) q[i] = qs[i] * scale;
     for (int64_t a = 0; a < PREFETCH_AHEAD && a < L; a += 4) prefetch_4_tokens(kc, table, a, BS, tok, width, kind);
     for (int64_t l0 = 0, j = 0; l0 < L; l0 += BS, j++) {
         const int64_t n = L - l0 < BS ? L - l0 : BS;
         const void* kb = kv_at(kc, (int64_t)table[j] * BS * tok, kind);
+        const _Float16* ksb = q8 ? ks + (int64_t)table[j] * BS * Q8_SCALES(tok) : NULL;
+        if (q8 && l0 + BS < L) /* the next block's scales, a few lines */
+            prefetch_rows(ks + (int64_t)table[j + 1] * BS * Q8_SCALES(tok), 1, 0, BS * Q8_SCALES(tok), KV_F16);
         int64_t t = 0;
         for (; t + VL <= n; t += VL) {
             /* the group's K prefetches, 4 token rows at a time, spread between the heads' scores: issued in
                one burst they stall the core once its fill buffers are taken */
             for (int64_t r = 0, a = 0; r < R || a < VL; r++) {
-                if (r < R)
+                if (r < R && q8)
+                    score_q8(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind),
+                             ksb + t * Q8_SCALES(tok) + (r / G) * hs, tok, C, s + r * stride + l0 + t, VL);
+                else if (r < R)
                     score_vl(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), tok, C, s + r * stride + l0 + t,
                              kind);
                 if (a < VL) {
@@ -219,11 +274,20 @@ static inline __attribute__((always_inline)) void decode_heads(
             const int64_t ahead = l0 + t + PREFETCH_AHEAD;
             if (ahead + 4 <= L) prefetch_4_tokens(kc, table, ahead, BS, tok, width, kind);
             for (int64_t r = 0; r < R; r++)
-                score4(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), tok, C, s + r * stride + l0 + t, kind);
+                if (q8)
+                    score_q8(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind),
+                             ksb + t * Q8_SCALES(tok) + (r / G) * hs, tok, C, s + r * stride + l0 + t, 4);
+                else
+                    score4(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), tok, C, s + r * stride + l0 + t,
+                           kind);
         }
         for (; t < n; t++)
             for (int64_t r = 0; r < R; r++)
-                s[r * stride + l0 + t] = score1(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), C, kind);
+                if (q8)
+                    score_q8(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind),
+                             ksb + t * Q8_SCALES(tok) + (r / G) * hs, tok, C, s + r * stride + l0 + t, 1);
+                else
+                    s[r * stride + l0 + t] = score1(q + r * D, kv_at(kb, t * tok + (r / G) * D, kind), C, kind);
     }
     /* during the softmax */
     prefetch_rows(kv_at(vc, (int64_t)table[0] * BS * tok, kind), L < BS ? L : BS, tok, width, kind);
@@ -242,25 +306,28 @@ static inline __attribute__((always_inline)) void decode_heads(
         /* V is prefetched in this pass only, a block ahead (the first during the softmax): taken in the score
            pass too, it cost more than it saved (item 40) */
         const void* next = l0 + BS < L ? kv_at(vc, (int64_t)table[j + 1] * BS * tok, kind) : NULL;
+        const _Float16* vsb = q8 ? vs + (int64_t)table[j] * BS * Q8_SCALES(tok) : NULL;
+        if (q8 && next)
+            prefetch_rows(vs + (int64_t)table[j + 1] * BS * Q8_SCALES(tok), 1, 0, BS * Q8_SCALES(tok), KV_F16);
         for (int64_t h = 0; h < H; h++) {
             if (next) /* a share of the rows before each head's products: spread, like the score pass's */
                 prefetch_rows(kv_at(next, h * BS / H * tok, kind), (h + 1) * BS / H - h * BS / H, tok, width, kind);
-            add_pv_group(s + h * G * stride + l0, stride, kv_at(vb, h * D, kind), n, tok, C, G, os + h * G * D,
-                         kind);
+            add_pv_group(s + h * G * stride + l0, stride, kv_at(vb, h * D, kind), q8 ? vsb + h * hs : NULL, n, tok,
+                         C, G, os + h * G * D, kind);
         }
     }
     scale_rows(os, inv, R, C);
 }
 
 static inline __attribute__((always_inline)) void decode_item(
-    const float* restrict qs, const void* kc, const void* vc, const int32_t* restrict table, const int64_t L,
-    float* restrict s, float* restrict os, float* restrict stats, const int64_t H, const int64_t G,
-    const int64_t tok, const int64_t D, const int64_t BS, const int64_t stride, const float scale,
-    const float softcap, const int kind) {
+    const float* restrict qs, const void* kc, const void* vc, const _Float16* ks, const _Float16* vs,
+    const int32_t* restrict table, const int64_t L, float* restrict s, float* restrict os, float* restrict stats,
+    const int64_t H, const int64_t G, const int64_t tok, const int64_t D, const int64_t BS, const int64_t stride,
+    const float scale, const float softcap, const int kind) {
     if (D == 64) /* the common head size, with its loop bounds known to the compiler */
-        decode_heads(qs, kc, vc, table, L, s, os, stats, H, G, tok, 64, BS, stride, scale, softcap, kind);
+        decode_heads(qs, kc, vc, ks, vs, table, L, s, os, stats, H, G, tok, 64, BS, stride, scale, softcap, kind);
     else
-        decode_heads(qs, kc, vc, table, L, s, os, stats, H, G, tok, D, BS, stride, scale, softcap, kind);
+        decode_heads(qs, kc, vc, ks, vs, table, L, s, os, stats, H, G, tok, D, BS, stride, scale, softcap, kind);
 }
 
 static int64_t split_parts(const int32_t* seq_lens, const int64_t B, const int64_t items, const int nthreads) {
@@ -296,14 +363,16 @@ static void combine_parts(const float* restrict partial, const float* restrict s
     }
 }
 
-/* q, out: [B, Hq, D] float32; k_cache, v_cache: [num_blocks, BS, Hkv, D] of kv_dtype; block_tables: [B, W]
+/* q, out: [B, Hq, D] float32; k_cache, v_cache: [num_blocks, BS, Hkv, D] of kv_dtype (KV_Q8: and ks, vs their
+   float16 scales, one per KV_Q8_GROUP elements; else unused); block_tables: [B, W]
    int32; seq_lens: [B] int32; scores: [B, Hq, stride] scratch, stride >= max seq_len rounded up to 16;
    softcap > 0: scores -> softcap tanh(scores / softcap) (0: none). Contiguous, D % 16 == 0. Returns 0, or -1
    when the split parts' memory could not be had. */
-int paged_decode(const float* q, const void* kc, const void* vc, const int32_t kv_dtype, const int32_t* block_tables,
-                 const int32_t* seq_lens, float* out, float* scores, const int64_t B, const int64_t Hq,
-                 const int64_t Hkv, const int64_t D, const int64_t BS, const int64_t W, const int64_t stride,
-                 const float scale, const float softcap, const int nthreads) {
+int paged_decode(const float* q, const void* kc, const void* vc, const void* ks, const void* vs,
+                 const int32_t kv_dtype, const int32_t* block_tables, const int32_t* seq_lens, float* out,
+                 float* scores, const int64_t B, const int64_t Hq, const int64_t Hkv, const int64_t D,
+                 const int64_t BS, const int64_t W, const int64_t stride, const float scale, const float softcap,
+                 const int nthreads) {
     const int64_t G = Hq / Hkv, tok = Hkv * D;
     /* KV heads an item: all of a sequence's once there are enough sequences, else one */
     const int fits = Hq * D <= MAX_SEQ_QUERY_FLOATS;
@@ -334,14 +403,18 @@ int paged_decode(const float* q, const void* kc, const void* vc, const int32_t k
         float* s = scores + row * stride + first;
         const float* qs = q + row * D;
         if (kv_dtype == KV_BF16)
-            decode_item(qs, kv_at(kc, h * D, KV_BF16), kv_at(vc, h * D, KV_BF16), table, n, s, o, st, H, G, tok, D,
-                        BS, stride, scale, softcap, KV_BF16);
+            decode_item(qs, kv_at(kc, h * D, KV_BF16), kv_at(vc, h * D, KV_BF16), NULL, NULL, table, n, s, o, st,
+                        H, G, tok, D, BS, stride, scale, softcap, KV_BF16);
         else if (kv_dtype == KV_F16)
-            decode_item(qs, kv_at(kc, h * D, KV_F16), kv_at(vc, h * D, KV_F16), table, n, s, o, st, H, G, tok, D,
-                        BS, stride, scale, softcap, KV_F16);
+            decode_item(qs, kv_at(kc, h * D, KV_F16), kv_at(vc, h * D, KV_F16), NULL, NULL, table, n, s, o, st,
+                        H, G, tok, D, BS, stride, scale, softcap, KV_F16);
+        else if (kv_dtype == KV_Q8)
+            decode_item(qs, kv_at(kc, h * D, KV_Q8), kv_at(vc, h * D, KV_Q8),
+                        (const _Float16*)ks + h * D / KV_Q8_GROUP, (const _Float16*)vs + h * D / KV_Q8_GROUP, table,
+                        n, s, o, st, H, G, tok, D, BS, stride, scale, softcap, KV_Q8);
         else
-            decode_item(qs, kv_at(kc, h * D, KV_F32), kv_at(vc, h * D, KV_F32), table, n, s, o, st, H, G, tok, D,
-                        BS, stride, scale, softcap, KV_F32);
+            decode_item(qs, kv_at(kc, h * D, KV_F32), kv_at(vc, h * D, KV_F32), NULL, NULL, table, n, s, o, st,
+                        H, G, tok, D, BS, stride, scale, softcap, KV_F32);
     }
     if (partial) {
         combine_parts(partial, stats, B * Hq, parts, D, out);
@@ -350,9 +423,27 @@ int paged_decode(const float* q, const void* kc, const void* vc, const int32_t k
     return 0;
 }
 
+/* n floats (whole KV_Q8_GROUPs) into KV_Q8 codes and their groups' scales as llama.cpp's q8_0: scale = the
+   group's largest magnitude / 127 (stored in float16), code = x / scale rounded to nearest even as torch's
+   round (the torch path writes the same cache: tgi_llm/kv_cache.py) */
+static void q8_store_row(int8_t* restrict codes, _Float16* restrict scales, const float* restrict src,
+                         const int64_t n) {
+    for (int64_t g = 0; g < n / KV_Q8_GROUP; g++) {
+        const float* x = src + g * KV_Q8_GROUP;
+        float amax = 0.f;
+        for (int i = 0; i < KV_Q8_GROUP; i++) amax = fmaxf(amax, fabsf(x[i]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        scales[g] = (_Float16)d;
+        for (int i = 0; i < KV_Q8_GROUP; i++) {
+            const float c = nearbyintf(x[i] * id);
+            codes[g * KV_Q8_GROUP + i] = (int8_t)(c > 127.f ? 127.f : c < -127.f ? -127.f : c);
+        }
+    }
+}
+
 /* One row of n floats into a cache row of kv_dtype, rounded to nearest even as torch's casts round (the
-   torch path writes the same cache) */
-void kv_store_row(void* dst, const float* src, const int64_t n, const int32_t kv_dtype) {
+   torch path writes the same cache); KV_Q8: its scales at `scales` */
+void kv_store_row(void* dst, void* scales, const float* src, const int64_t n, const int32_t kv_dtype) {
     if (kv_dtype == KV_F32) {
         memcpy(dst, src, n * sizeof(float));
     } else if (kv_dtype == KV_BF16) {
@@ -363,18 +454,21 @@ void kv_store_row(void* dst, const float* src, const int64_t n, const int32_t kv
             d[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)(u >> 16 | 0x40) /* NaN stays NaN */
                                                    : (uint16_t)((u + 0x7fffu + (u >> 16 & 1u)) >> 16);
         }
-    } else {
+    } else if (kv_dtype == KV_F16) {
         _Float16* d = dst;
         for (int64_t i = 0; i < n; i++) d[i] = (_Float16)src[i];
+    } else {
+        q8_store_row(dst, scales, src, n);
     }
 }
 
-/* paged_prefill_f32 (or a bfloat16 variant, `run`) over a 16-bit cache: the blocks the sequences read, each
+/* paged_prefill_f32 (or a bfloat16 variant, `run`) over a 16- or 8-bit cache: the blocks the sequences read, each
    sequence's as consecutive blocks of a float32 scratch cache, then `run` over that through tables to match.
    The conversion reads each key once a call; the kernel reads it once a query tile. Returns `run`'s result,
    or -1 when the scratch could not be had. */
 int paged_prefill_kv(prefill_fn run, const int32_t kv_dtype, const float* q, const int64_t qs, float* out,
-                     const void* kc, const void* vc, const int32_t* tables, const int64_t W, const int64_t* trow,
+                     const void* kc, const void* vc, const void* ks, const void* vs, const int32_t* tables,
+                     const int64_t W, const int64_t* trow,
                      const int64_t* qstart, const int64_t* qlen, const int64_t* klen, const int64_t S,
                      const int64_t Hq, const int64_t Hkv, const int64_t D, const int64_t BS, const float scale,
                      const int nthreads) {
@@ -404,6 +498,12 @@ int paged_prefill_kv(prefill_fn run, const int32_t kv_dtype, const float* q, con
 #pragma omp parallel for num_threads(nthreads) schedule(static)
         for (int64_t i = 0; i < blocks; i++) {
             const int64_t from = (int64_t)source[i] * block;
+            if (kv_dtype == KV_Q8) {
+                const int64_t tok = Hkv * D, g = from / KV_Q8_GROUP;
+                dequant_q8_rows(kv_at(kc, from, KV_Q8), (const _Float16*)ks + g, BS, tok, tok, k32 + i * block);
+                dequant_q8_rows(kv_at(vc, from, KV_Q8), (const _Float16*)vs + g, BS, tok, tok, v32 + i * block);
+                continue;
+            }
             for (int64_t e = 0; e < block; e += VL) {
                 if (kv_dtype == KV_BF16) {
                     vst(k32 + i * block + e, vld_bf16(kv_at(kc, from + e, KV_BF16)));

@@ -43,15 +43,22 @@ typedef enum {
 } rope_tables_t;
 
 /* The element type of the paged K/V caches (--kv-cache-dtype): attention converts each element to float32
-   as it reads it, and accumulates in float32 */
+   as it reads it, and accumulates in float32. KV_Q8 (int8): int8 codes, and beside the cache a float16
+   scale for each run of KV_Q8_GROUP elements (element i's at scales[i / KV_Q8_GROUP]: a head's row is whole
+   groups): llama.cpp's q8_0 scheme, in groups of 16 */
 typedef enum {
     KV_F32,
     KV_BF16,
     KV_F16,
+    KV_Q8,
 } kv_dtype_t;
 
-/* bytes of one cache element */
-static inline __attribute__((always_inline)) int64_t kv_bytes(const int kind) { return kind == KV_F32 ? 4 : 2; }
+#define KV_Q8_GROUP 16 /* kv_cache.py Q8_GROUP */
+
+/* bytes of one cache element (KV_Q8: its code; the scales lie apart) */
+static inline __attribute__((always_inline)) int64_t kv_bytes(const int kind) {
+    return kind == KV_F32 ? 4 : kind == KV_Q8 ? 1 : 2;
+}
 
 /* A layer's mixture of experts (Mixtral, Qwen3-MoE): softmax over the router's logits, each token's top_k
    experts (their probabilities renormalized to sum to 1 where `normalize`), sum of weight x expert MLP */
@@ -78,6 +85,7 @@ typedef struct {
     const experts_t* experts; /* NULL: a dense MLP */
     int64_t rope_dim;         /* the first rope_dim of each head are rotated (its tables' width), the rest pass */
     int32_t kv_dtype;         /* kv_dtype_t */
+    void *k_scales, *v_scales; /* KV_Q8: the caches' scales (else NULL) */
 } layer_t;
 
 /* paged_prefill_f32 and its bfloat16 variants */
@@ -104,14 +112,15 @@ void quant_apply(const qweight_t* w, const float* x, int64_t ldx, float* y, int6
                  int64_t gemm_min, int nthreads);
 
 /* attention/paged.c */
-int paged_decode(const float* q, const void* kc, const void* vc, int32_t kv_dtype, const int32_t* block_tables,
-                 const int32_t* seq_lens, float* out, float* scores, int64_t B, int64_t Hq, int64_t Hkv, int64_t D,
-                 int64_t BS, int64_t W, int64_t stride, float scale, float softcap, int nthreads);
+int paged_decode(const float* q, const void* kc, const void* vc, const void* ks, const void* vs, int32_t kv_dtype,
+                 const int32_t* block_tables, const int32_t* seq_lens, float* out, float* scores, int64_t B,
+                 int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, int64_t W, int64_t stride, float scale,
+                 float softcap, int nthreads);
 int paged_prefill_kv(prefill_fn run, int32_t kv_dtype, const float* q, int64_t qs, float* out, const void* kc,
-                     const void* vc, const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
-                     const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,
-                     int64_t BS, float scale, int nthreads);
-void kv_store_row(void* dst, const float* src, int64_t n, int32_t kv_dtype);
+                     const void* vc, const void* ks, const void* vs, const int32_t* tables, int64_t W,
+                     const int64_t* trow, const int64_t* qstart, const int64_t* qlen, const int64_t* klen, int64_t S,
+                     int64_t Hq, int64_t Hkv, int64_t D, int64_t BS, float scale, int nthreads);
+void kv_store_row(void* dst, void* scales, const float* src, int64_t n, int32_t kv_dtype);
 int paged_prefill_f32(const float* q, int64_t qs, float* out, const float* kc, const float* vc,
                       const int32_t* tables, int64_t W, const int64_t* trow, const int64_t* qstart,
                       const int64_t* qlen, const int64_t* klen, int64_t S, int64_t Hq, int64_t Hkv, int64_t D,

@@ -87,6 +87,19 @@ static inline V vld_f16(const void* p) {
 #endif
 }
 
+/* VL int8 codes from p as float32 lanes: the 8-bit K/V cache, converted in registers */
+static inline V vld_i8(const int8_t* p) {
+#if defined(__AVX512F__)
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+#elif defined(__AVX2__) && defined(__FMA__)
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+#else
+    V v;
+    for (int i = 0; i < VL; i++) v[i] = (float)p[i];
+    return v;
+#endif
+}
+
 /* Fully unroll a short loop of constant trip count: register-blocked accumulators stay in registers. */
 #define UNROLL _Pragma("GCC unroll 16")
 

@@ -111,10 +111,10 @@ static void gelu_tanh_mul(const float* restrict gu, float* restrict y, int64_t M
     }
 }
 
-/* a row's q (normalized per head or over the projection, then rotated) into q_out, and its K/V into the cache
-   rows kdst, vdst (of the layer's kv_dtype: rounded there from float32) */
+/* a row's q (normalized per head or over the projection, then rotated) into q_out, and its K/V into the cache's
+   token slot `slot` (of the layer's kv_dtype: rounded there from float32) */
 static void qkv_row(const layer_t* ly, float* restrict row, const float* c, const float* s, float* restrict q_out,
-                    void* kdst, void* vdst, int64_t Hq, int64_t Hkv, int64_t D, float eps) {
+                    int64_t slot, int64_t Hq, int64_t Hkv, int64_t D, float eps) {
     if (ly->q_norm && ly->qk_norm_per_head) {
         for (int64_t h = 0; h < Hq; h++) rmsnorm_inplace(row + h * D, ly->q_norm, D, eps);
         for (int64_t h = 0; h < Hkv; h++) rmsnorm_inplace(row + (Hq + h) * D, ly->k_norm, D, eps);
@@ -134,8 +134,10 @@ static void qkv_row(const layer_t* ly, float* restrict row, const float* c, cons
             memcpy(dst + R, row + h * D + R, (D - R) * sizeof(float));
         }
     }
-    kv_store_row(kdst, k, Hkv * D, ly->kv_dtype);
-    kv_store_row(vdst, row + (Hq + Hkv) * D, Hkv * D, ly->kv_dtype);
+    const int64_t tok = Hkv * D, at = slot * tok * kv_bytes(ly->kv_dtype); /* bytes */
+    const int64_t group = ly->kv_dtype == KV_Q8 ? slot * tok / KV_Q8_GROUP : 0; /* the row's first scale */
+    kv_store_row((char*)ly->k_cache + at, (_Float16*)ly->k_scales + group, k, tok, ly->kv_dtype);
+    kv_store_row((char*)ly->v_cache + at, (_Float16*)ly->v_scales + group, row + (Hq + Hkv) * D, tok, ly->kv_dtype);
 }
 
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
@@ -151,7 +153,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
                 int64_t BS, int64_t stride, float scale, float softcap, float eps, int32_t activation,
                 int nthreads) {
-    const int64_t QKV = (Hq + 2 * Hkv) * D, tok = Hkv * D, row_bytes = tok * kv_bytes(layers[0].kv_dtype);
+    const int64_t QKV = (Hq + 2 * Hkv) * D;
     int64_t expert_floats = 0;
     for (int64_t l = 0; l < L; l++)
         if (layers[l].experts) {
@@ -172,14 +174,14 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
         const float *c = ly->rope == ROPE_LOCAL ? cos_local : cos, *sn = ly->rope == ROPE_LOCAL ? sin_local : sin;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
         for (int64_t m = 0; m < M; m++)
-            qkv_row(ly, qkv + m * QKV, c + m * ly->rope_dim, sn + m * ly->rope_dim, q + m * Hq * D,
-                    (char*)ly->k_cache + slots[m] * row_bytes, (char*)ly->v_cache + slots[m] * row_bytes,
-                    Hq, Hkv, D, eps);
-        if ((B && paged_decode(q, ly->k_cache, ly->v_cache, ly->kv_dtype, tables, seq_lens, att, scores, B, Hq, Hkv,
-                               D, BS, W, stride, scale, softcap, nthreads)) ||
+            qkv_row(ly, qkv + m * QKV, c + m * ly->rope_dim, sn + m * ly->rope_dim, q + m * Hq * D, slots[m], Hq,
+                    Hkv, D, eps);
+        if ((B && paged_decode(q, ly->k_cache, ly->v_cache, ly->k_scales, ly->v_scales, ly->kv_dtype, tables,
+                               seq_lens, att, scores, B, Hq, Hkv, D, BS, W, stride, scale, softcap, nthreads)) ||
             (prompts->S && paged_prefill_kv(prompts->run, ly->kv_dtype, q, Hq * D, att, ly->k_cache, ly->v_cache,
-                                            tables, W, prompts->trow, prompts->qstart, prompts->qlen, prompts->klen,
-                                            prompts->S, Hq, Hkv, D, BS, scale, nthreads))) {
+                                            ly->k_scales, ly->v_scales, tables, W, prompts->trow, prompts->qstart,
+                                            prompts->qlen, prompts->klen, prompts->S, Hq, Hkv, D, BS, scale,
+                                            nthreads))) {
             free(scratch);
             return -1;
         }
