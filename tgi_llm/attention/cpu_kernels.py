@@ -9,9 +9,8 @@ attends every prompt chunk of the step in one call, reading each chunk's whole c
 tokens) in place through its block table: no gathered copy, no mask tensor, and a chunk after cached tokens
 costs what the same rows of a whole prompt cost.
 Both are in tgi_llm/csrc/attention/paged.c, on the native-width vectors of csrc/include/vectors.h. The cache
-may hold bfloat16, float16 or int8 (--kv-cache-dtype): decode converts each element in registers as it reads
-it (int8: a block at a time, into the worker's scratch); prefill converts the blocks a call reads to float32
-first (`paged_prefill_kv`).
+may hold bfloat16, float16 or int8 codes with their scales (--kv-cache-dtype): decode converts each element in
+registers as it reads it; prefill converts the blocks a call reads to float32 first (`paged_prefill_kv`).
 `paged_prefill_bf16`, built only where the CPU has AVX512-BF16, is the prefill kernel with bfloat16 products,
 for models whose linears run in bfloat16 (`--dtype bfloat16`). docs/CPU_KERNELS.md describes them.
 
