@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from tgi_llm.kv_cache import kv_element_bytes
 from tgi_llm.models.rope_config import RopeConfig
 
 if TYPE_CHECKING:
@@ -173,6 +172,8 @@ def sliding_windows(cfg: dict[str, Any]) -> tuple[int | None, ...]:
 
 def kv_cache_bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
     """K and V, every layer, every KV head: what one cached token costs (int8: codes and scales)."""
+    from tgi_llm.kv_cache import kv_element_bytes  # torch: this module stays importable without it (the launcher)
+
     return round(2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
                  * kv_element_bytes(dtype))
 
