@@ -4,10 +4,10 @@ Layout per layer: K and V each `[num_blocks, block_size, num_kv_heads, head_dim]
 paged layout), so token slot `s` lives at `[s // block_size, s % block_size]`.
 
 The 8-bit cache (--kv-cache-dtype int8: llama.cpp's q8_0 scheme, in groups of Q8_GROUP) holds int8 codes in
-that layout, and right after
-them in the same memory a float16 scale for every Q8_GROUP elements (`kv_scales`: `[num_blocks, block_size,
-num_kv_heads, head_dim / Q8_GROUP]`): an element is its code times its group's scale. The cache tensor keeps
-the shape every reader indexes by; the scales travel with its storage.
+that layout, and right after them in the same memory a float16 scale for every Q8_GROUP elements
+(`kv_scales`: `[num_blocks, block_size, num_kv_heads, head_dim / Q8_GROUP]`): an element is its code times
+its group's scale. The cache tensor keeps the shape every reader indexes by; the scales travel with its
+storage.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def resolve_kv_cache_dtype(name: str | None, dtype: torch.dtype) -> torch.dtype:
     return dtype if name in (None, "auto") else KV_CACHE_TYPES[name]
 
 
-def check_kv_cache_dtype_fits(head_dim: int, dtype: torch.dtype) -> None:
+def _check_kv_cache_dtype_fits(head_dim: int, dtype: torch.dtype) -> None:
     """The int8 cache scales whole groups of Q8_GROUP elements of a head."""
     if dtype == torch.int8 and head_dim % Q8_GROUP:
         raise ArgumentValidationError(
@@ -91,7 +91,7 @@ def allocate_kv_cache(
 
 def _cache_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """One zeroed K or V cache; int8: its codes, with room for their scales after them."""
-    check_kv_cache_dtype_fits(shape[-1], dtype)
+    _check_kv_cache_dtype_fits(shape[-1], dtype)
     elements = math.prod(shape)
     nbytes = elements + elements // Q8_GROUP * 2 if dtype == torch.int8 else elements * dtype.itemsize
     if torch.device(device).type == "cpu":
@@ -136,13 +136,13 @@ def dequantize_q8(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype 
 def cache_of(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A cache tensor of `dtype` holding x ([num_blocks, block_size, Hkv, D]) rounded to it: for tests and
     self-checks that build a cache from values."""
-    cache = _cache_tensor(tuple(x.shape), dtype, x.device)
-    if dtype == torch.int8:
-        codes, scales = quantize_q8(x)
-        cache.copy_(codes)
-        kv_scales(cache).copy_(scales)
-    else:
-        cache.copy_(x)
+    return fill_cache(_cache_tensor(tuple(x.shape), dtype, x.device), x)
+
+
+def fill_cache(cache: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """Every slot of `cache` set to `values` (its shape) rounded to the cache's type; returns the cache."""
+    slots = torch.arange(cache.shape[0] * cache.shape[1], device=cache.device)
+    _store_rows(values.flatten(0, 1), cache, slots)
     return cache
 
 
@@ -155,13 +155,18 @@ def write_kv_cache(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
     """Store new tokens' K/V ([T, Hkv, D]) at their slots, rounded to the cache's type (to nearest even)."""
-    for new, cache in ((k, k_cache), (v, v_cache)):
-        if cache.dtype == torch.int8:
-            codes, scales = quantize_q8(new)
-            kv_scales(cache).flatten(0, 1).index_copy_(0, slot_mapping, scales)
-            cache.flatten(0, 1).index_copy_(0, slot_mapping, codes)
-        else:
-            cache.flatten(0, 1).index_copy_(0, slot_mapping, new.to(cache.dtype))
+    _store_rows(k, k_cache, slot_mapping)
+    _store_rows(v, v_cache, slot_mapping)
+
+
+def _store_rows(new: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> None:
+    """Token rows [T, Hkv, D] into `cache` at `slots`, rounded to its type (int8: codes and their scales)."""
+    if cache.dtype == torch.int8:
+        codes, scales = quantize_q8(new)
+        kv_scales(cache).flatten(0, 1).index_copy_(0, slots, scales)
+        cache.flatten(0, 1).index_copy_(0, slots, codes)
+    else:
+        cache.flatten(0, 1).index_copy_(0, slots, new.to(cache.dtype))
 
 
 def as_cached(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
@@ -175,7 +180,7 @@ def as_cached(x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
 def gather_kv(cache: torch.Tensor, block_tables: torch.Tensor, num_blocks: int,
               dtype: torch.dtype | None = None) -> torch.Tensor:
     """The first `num_blocks` blocks of each row of `block_tables` ([B, >=num_blocks]) as one
-    contiguous run per sequence: [B, num_blocks * block_size, Hkv, D], in `dtype` (None: the cache's; a
+    contiguous run per sequence: [B, num_blocks * block_size, Hkv, D], in `dtype` (None: the cache's; an
     int8 cache's values come as float32)."""
     _, block_size, heads, dim = cache.shape
     blocks = block_tables[:, :num_blocks].to(torch.long)

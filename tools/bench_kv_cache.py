@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tgi_llm.bench.floor import MatmulFloor  # noqa: E402
-from tgi_llm.kv_cache import KV_CACHE_TYPES, kv_scales, quantize_q8  # noqa: E402
+from tgi_llm.kv_cache import KV_CACHE_TYPES, fill_cache  # noqa: E402
 
 
 def read_bandwidth(gib: float = 1.0, reps: int = 5) -> float:
@@ -51,13 +51,7 @@ def decode_step(llm, context: int, dtype: torch.dtype):
     gen = torch.Generator().manual_seed(0)
     for k, v in runner.kv_caches:
         for cache in (k, v):
-            values = torch.randn(cache.shape, generator=gen)
-            if dtype == torch.int8:  # codes and their scales
-                codes, scales = quantize_q8(values)
-                cache.copy_(codes)
-                kv_scales(cache).copy_(scales)
-            else:
-                cache.copy_(values)
+            fill_cache(cache, torch.randn(cache.shape, generator=gen))
     table = list(range(blocks))
     random.Random(0).shuffle(table)  # a pool's blocks are scattered
     return greedy_step_timer(runner, StepPlan([ScheduledSeq(0, context - 1, [1000], table, samples=True,

@@ -51,7 +51,7 @@ KV_DTYPES = {torch.float32: KvDtype.KV_F32, torch.bfloat16: KvDtype.KV_BF16, tor
 
 
 def scales_address(cache: torch.Tensor) -> int:
-    """Where a int8 cache's scales lie (0 for the other types, whose kernels take none)."""
+    """Where an int8 cache's scales lie (0 for the other types, whose kernels take none)."""
     return kv_scales(cache).data_ptr() if cache.dtype == torch.int8 else 0
 
 

@@ -102,7 +102,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
     from transformers import AutoTokenizer
 
     from tgi_llm.attention import preferred_block_size
-    from tgi_llm.kv_cache import allocate_kv_cache, check_kv_cache_dtype_fits, resolve_kv_cache_dtype
+    from tgi_llm.kv_cache import allocate_kv_cache, resolve_kv_cache_dtype
     from tgi_llm.models.config import attention_cost_per_context_token, kv_cache_bytes_per_token
     from tgi_llm.models.loader import load_model
     from tgi_llm.quant.modes import parse_quantize
@@ -128,7 +128,6 @@ def _build_engine(opts: EngineOptions) -> Engine:
                                    opts.rope_override)
     model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
                                quantization=quantization, rope_override=opts.rope_override)
-    check_kv_cache_dtype_fits(config.head_dim, kv_dtype)
     block_size = opts.limits.block_size
     if block_size == 16 and preferred_block_size(device) != 16:
         block_size = preferred_block_size(device)

@@ -87,8 +87,8 @@ static inline V vld_f16(const void* p) {
 #endif
 }
 
-/* VL int8 codes from p as float32 lanes: the 8-bit K/V cache, converted in registers */
-static inline V vld_i8(const int8_t* p) {
+/* VL int8 codes from p as float32 lanes: the 8-bit K/V cache and the q8 weight panels, converted in registers */
+static inline __attribute__((always_inline)) V vld_i8(const int8_t* p) {
 #if defined(__AVX512F__)
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 #elif defined(__AVX2__) && defined(__FMA__)

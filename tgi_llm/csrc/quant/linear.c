@@ -703,19 +703,6 @@ __attribute__((noinline)) NO_FMA static void dequant_panels(
    read side by side were 14% slower at one row: two streams). ---- */
 int q8_panel_lanes(void) { return NW; }
 
-/* VL signed codes (one k of VL output rows) as floats */
-static inline __attribute__((always_inline)) V q8code(const int8_t* p) {
-#if defined(__AVX512F__)
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-#elif defined(__AVX2__) && defined(__FMA__)
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-#else
-    V v;
-    for (int l = 0; l < VL; l++) v[l] = (float)p[l];
-    return v;
-#endif
-}
-
 /* as q4p_rows over one q8 panel (two vectors of outputs); mn may be NULL (symmetric). At one activation
    row each output vector keeps two partial sums (even and odd k): one FMA chain would be latency-bound. */
 static inline __attribute__((always_inline)) void q8p_rows(
@@ -730,7 +717,7 @@ static inline __attribute__((always_inline)) void q8p_rows(
         for (int64_t k = gi * g; k < (gi + 1) * g; k += 4) {
             UNROLL for (int b = 0; b < 4 * NW; b += 64) __builtin_prefetch(q + k * NW + b + PF_BYTES, 0, PF_LOCALITY);
             UNROLL for (int i = 0; i < 4; i++) {
-                const V c0 = q8code(q + (k + i) * NW), c1 = q8code(q + (k + i) * NW + VL);
+                const V c0 = vld_i8(q + (k + i) * NW), c1 = vld_i8(q + (k + i) * NW + VL);
                 UNROLL for (int m = 0; m < MTC; m++) {
                     const V a = vset1(x[m * ldx + k + i]);
                     part[m][0][i % PS] = vfma(c0, a, part[m][0][i % PS]);
@@ -790,7 +777,7 @@ __attribute__((noinline)) NO_FMA static void dequant_q8_panel(
         }
         for (; k < end; k++)
             UNROLL for (int h = 0; h < 2; h++)
-                vst(out + (k - k0) * NW + h * VL, vadd(vmul(q8code(q + k * NW + h * VL), s[h]), mi[h]));
+                vst(out + (k - k0) * NW + h * VL, vadd(vmul(vld_i8(q + k * NW + h * VL), s[h]), mi[h]));
     }
 }
 
