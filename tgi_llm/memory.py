@@ -30,10 +30,12 @@ class MemoryAccount:
     kv_cache: int
     kv_cache_resident: int
     rss: int
+    #: The LoRA slots (--max-loras adapters of --max-lora-rank, allocated at start-up).
+    lora_adapters: int = 0
 
     @property
     def other(self) -> int:
-        return max(0, self.rss - self.weights - self.kv_cache_resident)
+        return max(0, self.rss - self.weights - self.kv_cache_resident - self.lora_adapters)
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self) | {"other": self.other}
@@ -41,7 +43,9 @@ class MemoryAccount:
     def describe(self) -> str:
         mb = 1e-6
         return (f"weights {self.weights * mb:.1f} MB, KV cache {self.kv_cache * mb:.1f} MB "
-                f"({self.kv_cache_resident * mb:.1f} MB touched), other {self.other * mb:.1f} MB "
+                f"({self.kv_cache_resident * mb:.1f} MB touched), "
+                + (f"LoRA adapters {self.lora_adapters * mb:.1f} MB, " if self.lora_adapters else "")
+                + f"other {self.other * mb:.1f} MB "
                 f"(process RSS {self.rss * mb:.1f} MB)")
 
 
@@ -108,8 +112,9 @@ def available_bytes() -> int | None:
 def account(model: nn.Module, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> MemoryAccount:
     kv = [cache_memory(t) for pair in kv_caches for t in pair]
     rss = rss_bytes()
+    lora = getattr(model, "lora", None)
     return MemoryAccount(weight_bytes(model), sum(t.numel() * t.element_size() for t in kv),
-                         sum(resident_bytes(t) for t in kv), rss)
+                         sum(resident_bytes(t) for t in kv), rss, lora.nbytes if lora is not None else 0)
 
 
 def libc_trim() -> Callable[[], int] | None:

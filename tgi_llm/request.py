@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from tgi_llm.engine.grammar import CompiledGrammar
+    from tgi_llm.lora.registry import Adapter
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,8 @@ class ValidRequest:
     cache_key: bytes = b""
     #: The output must match this grammar (compiled at validation; the runner keeps the matcher state).
     grammar: CompiledGrammar | None = field(default=None, compare=False)
+    #: The LoRA adapter the request runs (None: the base model); `cache_key` is its key.
+    lora: Adapter | None = field(default=None, compare=False)
     #: At most this many guessed tokens per step for this request (None: the server's --speculate).
     speculate: int | None = None
     #: Free-form tags the caller wants back in events (e.g. Triton's request id).

@@ -464,7 +464,7 @@ DECLARED = {
     "decoder_input_details": "BOOL", "return_full_text": "BOOL", "ignore_eos": "BOOL", "min_tokens": "INT32",
     "min_length": "INT32", "exclude_input_in_output": "BOOL", "return_num_input_tokens": "BOOL",
     "return_num_output_tokens": "BOOL", "stop": "BYTES", "sampling_parameters": "BYTES",
-    "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES",
+    "guided_decoding_guide_type": "BYTES", "guided_decoding_guide": "BYTES", "lora_name": "BYTES",
 }
 
 

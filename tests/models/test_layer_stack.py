@@ -120,7 +120,7 @@ def test_a_stack_that_disagrees_is_switched_off(tiny_model_factory, paged_batche
     _forward(model, kv, batcher.step([(0, [5, 6, 7])]))
     calls = []
 
-    def wrong(self, hidden, rope, attn):
+    def wrong(self, hidden, rope, attn, lora=None):
         calls.append(hidden.shape[0])
         return torch.zeros_like(hidden)
 

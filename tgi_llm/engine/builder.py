@@ -133,6 +133,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
     dtype = model.dtype  # what the layers compute in (bfloat16 on the CPU: float32 with bfloat16 weights)
+    lora = lora_registry(opts, model, config, device)  # before the first forward: the fused stack reads its slots
     per_token = kv_cache_bytes_per_token(config, kv_dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
     rope = opts.rope_override
     context = rope.context(config.max_position_embeddings) if rope else config.max_position_embeddings
@@ -175,7 +176,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
         proposer = _draft_model_proposer(opts.speculative_model, tokenizer, config.vocab_size, limits, dtype, device,
                                          kv_dtype)
     engine = Engine(tokenizer, limits, runner, eos,
-                    model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size, proposer=proposer)
+                    model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size, proposer=proposer,
+                    lora=lora)
     engine.scheduler.pacer.context_weight = attention_cost_per_context_token(config)
     from tgi_llm.memory import account, libc_trim
 
@@ -189,6 +191,47 @@ def _build_engine(opts: EngineOptions) -> Engine:
     if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too
         shards.on_failure(lambda _reason: setattr(engine, "healthy", False))
     return engine
+
+
+def lora_registry(opts: EngineOptions, model, config, device: torch.device):
+    """The LoRA slots on the model and the registry of adapters, with --lora-adapters' registered (None: no LoRA).
+    Slots hold --max-lora-rank (default: the largest start-up adapter's rank, else 16); a start-up adapter that
+    cannot run on this model stops the start, naming it and why."""
+    from tgi_llm.lora.peft_adapter import AdapterError, read_adapter
+    from tgi_llm.lora.registry import LoraRegistry
+    from tgi_llm.lora.spec import parse_lora_adapters
+    from tgi_llm.lora.weights import ModelLora
+
+    adapters = parse_lora_adapters(opts.lora_adapters)
+    if not adapters and not opts.lora_runtime_loading:
+        return None
+    if not hasattr(model, "attach_lora"):
+        raise ArgumentValidationError("LoRA adapters need a natively served model family; this model runs "
+                                      "through transformers")
+    if opts.num_shard > 1:
+        raise ArgumentValidationError("LoRA adapters are not supported with `num_shard` > 1 yet")
+    max_rank = opts.max_lora_rank
+    if max_rank is None:
+        ranks = [16] if opts.lora_runtime_loading or not adapters else []
+        for name, path in adapters.items():
+            try:
+                ranks += [part.rank for part in read_adapter(path, config, 1 << 30)]
+            except AdapterError as exc:
+                raise ArgumentValidationError(f"`lora_adapters` {name}: {exc}") from None
+        max_rank = max(ranks)
+    slots = ModelLora.allocate(config, opts.max_loras or max(len(adapters), 1), max_rank, device,
+                               torch.float32 if device.type == "cpu" else model.dtype)
+    model.attach_lora(slots)
+    registry = LoraRegistry(slots.slots, max_rank, slots.read, opts.lora_runtime_loading)
+    for name, path in adapters.items():
+        try:
+            registry.register(name, str(Path(path).resolve()))
+        except (AdapterError, KeyError) as exc:
+            raise ArgumentValidationError(f"`lora_adapters` {name}: {exc}") from None
+    logger.info("LoRA: %d adapters registered (%s), %d resident at once, rank up to %d, %.1f MB of slots%s",
+                len(adapters), ", ".join(adapters) or "none", slots.slots, max_rank, slots.nbytes / 1e6,
+                "; runtime loading on" if opts.lora_runtime_loading else "")
+    return registry
 
 
 def check_kv_dtype_fits_backend(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype) -> None:

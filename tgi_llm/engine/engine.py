@@ -38,6 +38,7 @@ from tgi_llm.errors import (
     ValidationError,
 )
 from tgi_llm.events import ErrorEvent, Event
+from tgi_llm.lora.registry import LoraLoadError, LoraRegistry, LoraStats
 from tgi_llm.request import ValidRequest
 from tgi_llm.speculation.proposer import Proposer
 
@@ -57,16 +58,19 @@ class Engine:
     """Wires validator, scheduler, runner and postprocessor; use `tgi_llm.engine.build_engine`."""
 
     def __init__(self, tokenizer: Any, limits: Limits, runner: Runner, eos_token_ids: set[int],
-                 model_id: str = "", vocab_size: int | None = None, proposer: Proposer | None = None) -> None:
+                 model_id: str = "", vocab_size: int | None = None, proposer: Proposer | None = None,
+                 lora: LoraRegistry | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.model_id = model_id
         self.runner = runner
         self.eos_token_ids = frozenset(eos_token_ids)
         self.grammars = GrammarCompiler(tokenizer, vocab_size or len(tokenizer), eos_token_ids)
-        self.validator = Validator(tokenizer, limits, self.grammars)
+        #: The LoRA adapters requests may name (None: the server takes none).
+        self.lora = lora
+        self.validator = Validator(tokenizer, limits, self.grammars, lora, frozenset({model_id}))
         self.kv = KVCacheManager(limits.num_blocks, limits.block_size, limits.prefix_caching)
-        self.scheduler = Scheduler(limits, self.kv, proposer)
+        self.scheduler = Scheduler(limits, self.kv, proposer, lora)
         self.postprocessor = Postprocessor(tokenizer)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
@@ -96,6 +100,8 @@ class Engine:
                            IncrementalDetokenizer(self.tokenizer, request.input_ids),
                            StopChecker(self.eos_token_ids, request.stopping))
             self._live[seq.request_id] = seq
+            if request.lora is not None and self.lora is not None:
+                self.lora.hold(request.lora)
             self._inbox.append(seq)
             self._grammar_requests += request.grammar is not None
             self._cond.notify()
@@ -124,7 +130,17 @@ class Engine:
             spec_drafts=self.scheduler.num_drafts,
             spec_draft_tokens=self.scheduler.num_draft_tokens,
             spec_accepted_tokens=self.scheduler.num_accepted_tokens,
+            lora=self.lora_stats(),
         )
+
+    def lora_stats(self) -> LoraStats | None:
+        """The LoRA gauges' values (None: no LoRA); read off the engine thread, so the queue is copied first."""
+        if self.lora is None:
+            return None
+        with self._cond:
+            queued = [s.request.lora for s in self._inbox if s.request.lora is not None]
+        queued += [s.request.lora for s in list(self.scheduler.waiting) if s.request.lora is not None]
+        return self.lora.stats(queued)
 
     def drain_step_stats(self) -> list[StepStats]:
         """Per-step timings since the last call (for metrics, read off the engine thread)."""
@@ -189,6 +205,8 @@ class Engine:
             results = self.runner.execute(plan)
         except Exception as exc:  # a failed forward ends the requests in it, nothing else
             logger.exception("Forward failed for %d sequences", len(plan.seqs))
+            if isinstance(exc, LoraLoadError) and self.lora is not None:
+                self.lora.forget(exc.slot)
             for entry in plan.seqs:
                 seq = self.scheduler.running[entry.request_id]
                 self._end(seq, ErrorEvent(seq.request_id, GenerationError(str(exc) or repr(exc))))
@@ -240,7 +258,9 @@ class Engine:
         """The one place a request leaves the engine: blocks freed, state dropped, final event sent."""
         self.scheduler.finish(seq)  # blocks back; the runner drops its state with the next plan
         with self._cond:
-            self._live.pop(seq.request_id, None)
+            live = self._live.pop(seq.request_id, None) is not None
+        if live and seq.request.lora is not None and self.lora is not None:
+            self.lora.drop(seq.request.lora)
         self._emit(seq, event)
 
     def _fail_all(self, error: TgiError) -> None:

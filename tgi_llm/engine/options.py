@@ -6,11 +6,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tgi_llm.engine.limits import LimitOptions
+from tgi_llm.lora.spec import parse_lora_adapters
 from tgi_llm.models.rope_override import RopeOverride
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: --kv-cache-dtype: auto (tgi_llm/kv_cache.py resolve_kv_cache_dtype) or the element type of the K/V caches.
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16", "int8")
+#: Bounds of --max-loras and --max-lora-rank.
+MAX_LORA_LIMITS = {"max_loras": 256, "max_lora_rank": 512}
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,14 @@ class EngineOptions:
     #: --rope-scaling (linear, dynamic) and --rope-factor: TGI's pair (rope_override.py); None: the config's rope.
     rope_scaling: str | None = None
     rope_factor: float | None = None
+    #: --lora-adapters: TGI's `id=path,...` (lora/spec.py), read at start-up.
+    lora_adapters: str | None = None
+    #: Adapters resident at once (None: as many as --lora-adapters names, at least 1).
+    max_loras: int | None = None
+    #: The largest adapter rank (None: the largest of --lora-adapters', else 16).
+    max_lora_rank: int | None = None
+    #: POST /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters at run time.
+    lora_runtime_loading: bool = False
     limits: LimitOptions = field(default_factory=LimitOptions)
 
     def __post_init__(self) -> None:
@@ -39,6 +50,11 @@ class EngineOptions:
         if self.num_shard < 1:
             raise ValueError(f"`num_shard` must be >= 1. Given: {self.num_shard}")
         RopeOverride.from_flags(self.rope_scaling, self.rope_factor)  # a bad value fails here, naming its flag
+        parse_lora_adapters(self.lora_adapters)
+        for name in ("max_loras", "max_lora_rank"):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= MAX_LORA_LIMITS[name]:
+                raise ValueError(f"`{name}` must be in 1..{MAX_LORA_LIMITS[name]}. Given: {value}")
 
     @property
     def rope_override(self) -> RopeOverride | None:

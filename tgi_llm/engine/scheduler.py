@@ -36,6 +36,7 @@ from tgi_llm.engine.queue_order import admission_order
 from tgi_llm.engine.runner_protocol import SeqResult
 from tgi_llm.engine.sequence import Sequence, SequenceStatus
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
+from tgi_llm.lora.registry import LoraRegistry
 from tgi_llm.speculation import DraftLength, SpeculationPolicy
 from tgi_llm.speculation.proposer import DraftRequest, NgramProposer, Proposer
 
@@ -43,9 +44,12 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, limits: Limits, kv: KVCacheManager, proposer: Proposer | None = None) -> None:
+    def __init__(self, limits: Limits, kv: KVCacheManager, proposer: Proposer | None = None,
+                 lora: LoraRegistry | None = None) -> None:
         self.limits = limits
         self.kv = kv
+        #: The LoRA adapters' slots: a request with an adapter is admitted only when its adapter has one.
+        self.lora = lora
         self.waiting: deque[Sequence] = deque()
         self.running: dict[int, Sequence] = {}  # request id -> sequence, in admission order
         #: Steps since sequences were last admitted (TGI's `waiting_tokens`; whole-prompt policy only).
@@ -76,7 +80,7 @@ class Scheduler:
         else:
             entries = self._schedule_whole()
         released, self._released = self._released, []
-        return StepPlan(entries, released)
+        return StepPlan(entries, released, self.lora.take_loads() if self.lora is not None else [])
 
     def _schedule_chunked(self) -> list[ScheduledSeq]:
         lim = self.limits
@@ -104,6 +108,8 @@ class Scheduler:
                 break
             if seq.prompt_key in twins and seq.cache_lookup:
                 continue  # stays in the queue, in its place
+            if not self._adapter_fits(seq):
+                continue  # every LoRA slot is pinned by running requests of other adapters
             if not self._admit(seq):
                 logger.debug("not enough free KV blocks for request %d", seq.request_id)
                 break
@@ -149,6 +155,8 @@ class Scheduler:
         prefill_tokens = 0  # prompt tokens not found in the prefix cache
         while self.waiting:
             seq = self.waiting[0]
+            if not self._adapter_fits(seq):
+                break
             if total_tokens + seq.max_tokens > token_budget:
                 logger.debug("Over budget: %d + %d > %d tokens", total_tokens, seq.max_tokens, token_budget)
                 break
@@ -171,12 +179,19 @@ class Scheduler:
             return []
         return batch
 
+    def _adapter_fits(self, seq: Sequence) -> bool:
+        adapter = seq.request.lora
+        return adapter is None or self.lora is None or self.lora.can_admit(adapter)
+
     def _admit(self, seq: Sequence) -> bool:
-        """Take `seq` from the queue into the running batch with its KV blocks; False if they don't fit."""
+        """Take `seq` from the queue into the running batch with its KV blocks (and its LoRA adapter's slot,
+        after `_adapter_fits`); False if they don't fit."""
         # The last generated token is never fed back, so its K/V needs no slot.
         cached = self.kv.allocate(seq, seq.max_tokens - 1)
         if cached is None:
             return False
+        if seq.request.lora is not None and self.lora is not None:
+            seq.lora_slot = self.lora.admit(seq.request.lora)
         if self.waiting[0] is seq:
             self.waiting.popleft()
         else:
@@ -197,6 +212,7 @@ class Scheduler:
             self.kv.counters.queried_tokens -= seq.input_length
             self.kv.counters.hit_tokens -= seq.num_cached
         self.kv.free(seq)
+        self._leave_slot(seq)
         seq.num_computed = seq.num_cached = 0
         seq.status = SequenceStatus.WAITING
         seq.admitted_at = None
@@ -211,6 +227,7 @@ class Scheduler:
             block_ids=self.kv.block_ids(seq), samples=end == len(seq.token_ids),
             prompt_logprobs=seq.request.decoder_input_details and start < seq.input_length,
             request=seq.request, is_decode=start >= seq.input_length, num_drafts=len(drafts),
+            lora_slot=seq.lora_slot,
         )
 
     def _decode_entries(self, decodes: list[Sequence]) -> list[ScheduledSeq]:
@@ -303,3 +320,9 @@ class Scheduler:
             except ValueError:
                 pass
         self.kv.free(seq)
+        self._leave_slot(seq)
+
+    def _leave_slot(self, seq: Sequence) -> None:
+        if seq.lora_slot >= 0 and self.lora is not None:
+            self.lora.leave(seq.lora_slot)
+        seq.lora_slot = -1

@@ -53,6 +53,8 @@ class Sequence:
     #: Draft tokens verified for this sequence, and how many of them were accepted (TGI's skipped tokens).
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    #: The model's LoRA slot its adapter occupies while it runs (-1: the base model, or not admitted).
+    lora_slot: int = -1
 
     def __post_init__(self) -> None:
         if not self.token_ids:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tgi_llm.lora.registry import LoraStats
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -23,6 +25,7 @@ class EngineStats:
     spec_drafts: int = 0  # decodes that fed draft tokens (a counter)
     spec_draft_tokens: int = 0  # draft tokens verified (a counter)
     spec_accepted_tokens: int = 0  # of those, accepted (a counter)
+    lora: LoraStats | None = None  # the LoRA adapters (None: the server takes none)
 
     @property
     def kv_blocks_used(self) -> int:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tgi_llm.lora.registry import LoraLoad
 from tgi_llm.request import ValidRequest
 
 
@@ -33,6 +34,8 @@ class ScheduledSeq:
     is_decode: bool = False
     #: The last `num_drafts` tokens fed are guesses: the step samples at each of the 1 + num_drafts rows.
     num_drafts: int = 0
+    #: The LoRA slot whose adapter this sequence runs (-1: the base model).
+    lora_slot: int = -1
     #: Rank 0 only (None on shard ranks, which run the forward and nothing else): sampling parameters.
     request: ValidRequest | None = field(default=None, compare=False)
 
@@ -60,6 +63,8 @@ class StepPlan:
     seqs: list[ScheduledSeq] = field(default_factory=list)
     #: Requests that ended since the last plan: the runner and the shards drop their per-request state.
     released: list[int] = field(default_factory=list)
+    #: Adapters to read into their LoRA slots before this forward (registry.py).
+    lora_loads: list[LoraLoad] = field(default_factory=list)
 
     @property
     def is_empty(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 from tgi_llm.engine.grammar import GrammarCompiler, GrammarSpec
 from tgi_llm.engine.limits import Limits
 from tgi_llm.errors import ValidationError
+from tgi_llm.lora.registry import Adapter, LoraRegistry
 from tgi_llm.request import SamplingParams, StoppingParams, ValidRequest
 
 _U64_MAX = 2**64 - 1
@@ -94,10 +95,14 @@ def longest_token_chars(tokenizer: Any) -> int | None:
 class Validator:
     """Turns (inputs, TGI parameters) into a ValidRequest or raises ValidationError."""
 
-    def __init__(self, tokenizer: Any, limits: Limits, grammars: GrammarCompiler | None = None) -> None:
+    def __init__(self, tokenizer: Any, limits: Limits, grammars: GrammarCompiler | None = None,
+                 lora: LoraRegistry | None = None, base_names: frozenset[str] = frozenset()) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.grammars = grammars  # None: requests with a grammar are rejected
+        self.lora = lora  # None: the server takes no LoRA adapters
+        #: `adapter_id` values that mean the base model: the model's id (TGI's own), or empty.
+        self.base_names = base_names | {""}
         self.max_token_chars = longest_token_chars(tokenizer)
 
     def tokenize(self, text: str) -> list[int]:
@@ -127,6 +132,7 @@ class Validator:
         decoder_input_details = _flag(params, "decoder_input_details")
         if decoder_input_details and (stream or _flag(params, "stream")):
             raise ValidationError("`decoder_input_details` == true is not supported when streaming tokens")
+        adapter = self._adapter(params.get("adapter_id"))
         grammar = None
         if params.get("grammar") is not None:
             if self.grammars is None:
@@ -178,7 +184,21 @@ class Validator:
             input_text=input_text,
             grammar=grammar,
             speculate=speculate,
+            lora=adapter,
+            cache_key=adapter.cache_key if adapter is not None else b"",
         )
+
+    def _adapter(self, name: Any) -> Adapter | None:
+        """The LoRA adapter `adapter_id` names (TGI's parameter; OpenAI's `model` and Triton's `lora_name` arrive
+        as it), or None for the base model. An unknown name is an error, never the base model's answer."""
+        if name is None or name in self.base_names:
+            return None
+        if not isinstance(name, str):
+            raise ValidationError(f"`adapter_id` must be a string. Given: {name!r}")
+        if self.lora is None:
+            raise ValidationError(f"LoRA adapter {name!r} is not loaded: this server takes no adapters (start it "
+                                  "with --lora-adapters or --lora-runtime-loading)")
+        return self.lora.lookup(name)
 
     def _bounded(self, inputs: str | Sequence[int], truncate: int | None) -> str | Sequence[int]:
         """What to tokenize, decided from the prompt's length alone (a 50 MB prompt took 70 s to tokenize).

@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from tgi_llm.front import openai_routes, tgi_routes
+from tgi_llm.front import lora_routes, openai_routes, tgi_routes
 from tgi_llm.front.config import FrontConfig
 from tgi_llm.front.errors import FrontError, report_unhandled, unhandled_answer
 from tgi_llm.front.protocol import TritonGenerateClient
@@ -75,6 +75,7 @@ def create_app(config: FrontConfig, client: TritonGenerateClient, tokenizer: Any
 
     guarded.include_router(tgi_routes.build_router(state))
     guarded.include_router(openai_routes.build_router(state))
+    guarded.include_router(lora_routes.build_router(state))
     app.include_router(_public_router(state))
     app.include_router(guarded)
     app.add_middleware(UnhandledErrors, answer=unhandled_answer, report=report_unhandled)

@@ -40,7 +40,19 @@ class FrontConfig:
     model_family: str | None = None
     #: "auto": a thinking model's <think> part is returned as `reasoning_content`; "none": left inline.
     reasoning_format: str = "auto"
+    #: LoRA adapters: "off", "startup" (--lora-adapters), or "runtime" (--lora-runtime-loading: the load and
+    #: unload routes too).
+    lora: str = "off"
     version: str = __version__
+
+    def adapter_for(self, model: str | None) -> str | None:
+        """The LoRA adapter OpenAI's `model` names, or None for the base model: with adapters, any name but the
+        served model's (its id, its last path part, Triton's model name, TGI's "tgi") is an adapter's, and an
+        unknown one is refused by the model; without adapters `model` is ignored, as TGI does."""
+        if self.lora == "off" or not model:
+            return None
+        base = {self.model_id, self.model_id.rstrip("/").rsplit("/", 1)[-1], self.model_name, "tgi"}
+        return None if model in base else model
 
     @property
     def system_fingerprint(self) -> str:

@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="what /info names as the code serving the model: a native family or `transformers`")
     p.add_argument("--reasoning-format", choices=REASONING_FORMATS, default="auto",
                    help="auto: a thinking model's <think> part as `reasoning_content`; none: left in the content")
+    p.add_argument("--lora", choices=("off", "startup", "runtime"), default="off",
+                   help="LoRA adapters: OpenAI's `model` may name one (startup), and with runtime the load and unload "
+                        "routes are served")
     p.add_argument("--log-level", default=_env("LOG_LEVEL", "info"))
     p.add_argument("--json-output", action="store_true", help="log JSON lines, as the launcher's --json-output")
     p.add_argument("--payload-limit", type=int, default=int(_env("PAYLOAD_LIMIT", str(DEFAULT_PAYLOAD_LIMIT))))
@@ -59,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> FrontConfig:
         model_dtype=args.dtype,
         model_family=args.model_family,
         reasoning_format=args.reasoning_format,
+        lora=args.lora,
     )
 
 

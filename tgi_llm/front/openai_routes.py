@@ -15,6 +15,7 @@ from tgi_llm.front.chat import render_chat
 from tgi_llm.front.completion_logprobs import completion_logprobs
 from tgi_llm.front.errors import FrontError, validation
 from tgi_llm.front.generation import Generation, openai_finish_reason
+from tgi_llm.front.lora_routes import adapter_names
 from tgi_llm.front.merge import merge_streams
 from tgi_llm.front.protocol import Chunk, GenerateSpec, TokenInfo
 from tgi_llm.front.reasoning import ReasoningSplitter
@@ -98,11 +99,11 @@ def _logprobs(tokens: list[TokenInfo], tops: list[list[TokenInfo]]) -> ChatLogpr
 class _Stamp:
     """id, created, model and system_fingerprint: the same on every chunk of one response."""
 
-    def __init__(self, state: FrontState, prefix: str) -> None:
+    def __init__(self, state: FrontState, prefix: str, adapter: str | None = None) -> None:
         self.fields = {
             "id": f"{prefix}-{uuid.uuid4().hex}",
             "created": int(time.time()),
-            "model": state.config.model_id,
+            "model": adapter or state.config.model_id,
             "system_fingerprint": state.config.system_fingerprint,
         }
 
@@ -121,6 +122,8 @@ def build_router(state: FrontState) -> APIRouter:
         prompt = render_chat(state.tokenizer, req.messages, req.tools if tools is not None else None, tool_text,
                              state.check_length, req.chat_template_kwargs)
         params = req.to_engine() | {"details": True}
+        if (adapter := state.config.adapter_for(req.model)) is not None:
+            params["adapter_id"] = adapter
         if tools is not None or grammar is not None:
             params["grammar"] = tools.grammar if tools is not None else grammar
         return state.spec(prompt, params, req.stream), tools
@@ -130,7 +133,7 @@ def build_router(state: FrontState) -> APIRouter:
         req = await state.parse(request, ChatRequest)
         n = _choices(req)
         spec, tools = await state.off_loop(chat_spec, req)  # grammars and the chat template: CPU work
-        stamp = _Stamp(state, "chatcmpl")
+        stamp = _Stamp(state, "chatcmpl", state.config.adapter_for(req.model))
         streams = [state.client.stream(GenerateSpec(spec.inputs, _choice_params(spec.parameters, n, k), spec.stream),
                                        state.new_request_id()) for k in range(n)]
         if req.stream:
@@ -271,6 +274,8 @@ def build_router(state: FrontState) -> APIRouter:
             raise validation(f"`logprobs` must be >= 0 and <= {state.config.limits.max_top_n_tokens}. "
                              f"Given: {req.logprobs}")
         params = req.to_engine() | {"details": True}
+        if (adapter := state.config.adapter_for(req.model)) is not None:
+            params["adapter_id"] = adapter
         nothing_new = req.max_tokens == 0  # legal in OpenAI's API: one token is generated and dropped
         if nothing_new:
             params["max_new_tokens"] = 1
@@ -283,7 +288,7 @@ def build_router(state: FrontState) -> APIRouter:
         texts = await state.off_loop(echo_texts, prompts, n) if req.echo else [""] * (len(prompts) * n)
         streams = [state.client.stream(state.spec(p, _choice_params(params, best_of, k), req.stream),
                                        state.new_request_id()) for p in prompts for k in range(best_of)]
-        stamp = _Stamp(state, "cmpl")
+        stamp = _Stamp(state, "cmpl", adapter)
         if req.stream:
             merged = merge_streams(streams)
             first = await peek(merged)
@@ -350,8 +355,10 @@ def build_router(state: FrontState) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> Response:
-        card = ModelCard(id=state.config.model_id, owned_by=state.config.model_id)
-        return JSONResponse(ModelList(data=[card]).model_dump())
+        base = state.config.model_id
+        cards = [ModelCard(id=base, owned_by=base, root=base)]
+        cards += [ModelCard(id=name, owned_by=base, root=name, parent=base) for name in await adapter_names(state)]
+        return JSONResponse(ModelList(data=cards).model_dump())
 
     return router
 

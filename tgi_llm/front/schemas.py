@@ -41,7 +41,7 @@ class GenerateParameters(BaseModel):
 
     def to_engine(self) -> dict[str, Any]:
         """The set parameters by TGI name, for the engine (which validates them with TGI's messages)."""
-        out = self.model_dump(exclude_none=True, exclude={"adapter_id"})
+        out = self.model_dump(exclude_none=True)
         for flag in ("decoder_input_details", "details", "do_sample", "watermark"):
             if not out.get(flag):
                 out.pop(flag, None)
@@ -386,6 +386,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = 0
     owned_by: str
+    root: str | None = None  # vLLM's: what the card serves (the model id)
+    parent: str | None = None  # vLLM's: a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -108,6 +108,16 @@ FLAGS: list[Flag] = [
     Flag("rope_factor", float, None,
          help="The rope scaling factor: the model's context becomes max_position_embeddings x factor. Alone: "
               "linear scaling"),
+    Flag("lora_adapters",
+         help="LoRA adapters in PEFT's format to serve beside the model: id=path,id2=path2 (a bare path is its own "
+              "id); a request picks one by `adapter_id`, OpenAI's `model` or Triton's `lora_name`"),
+    Flag("max_loras", int, None, "LoRA adapters resident at once; more may be registered, read from disk as "
+                                 "requests need them (default: as many as --lora-adapters names, at least 1)"),
+    Flag("max_lora_rank", int, None, "The largest LoRA rank served (default: the largest of --lora-adapters', "
+                                     "else 16)"),
+    Flag("lora_runtime_loading", switch=True, default=False,
+         help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's), which add and remove LoRA "
+              "adapters while the server runs"),
     Flag("huggingface_hub_cache", help="Where hub downloads go"),
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
     Flag("log_level", default="info", env="LOG_LEVEL", help="TGI's LOG_LEVEL (info, debug, warn, error)"),
@@ -232,6 +242,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
     try:
         parse_quantize(args.quantize, args.quantize_group_size)
         RopeOverride.from_flags(args.rope_scaling, args.rope_factor)
+        check_lora_flags(args)
     except ValueError as exc:
         raise ArgumentValidationError(str(exc)) from None
     if args.trust_remote_code:
@@ -243,6 +254,30 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
 
     check_static_limits(limit_options(args))
     return args
+
+
+def check_lora_flags(args: argparse.Namespace) -> None:
+    """--lora-adapters parses and names directories; --max-loras and --max-lora-rank are in range (ValueError)."""
+    from pathlib import Path
+
+    from tgi_llm.engine.options import MAX_LORA_LIMITS
+    from tgi_llm.lora.spec import parse_lora_adapters
+
+    for name, path in parse_lora_adapters(args.lora_adapters).items():
+        if not Path(path).is_dir():
+            raise ValueError(f"`lora_adapters` {name}: {path} is not a directory (a PEFT adapter: "
+                             "adapter_config.json and adapter_model.safetensors)")
+    for name, limit in MAX_LORA_LIMITS.items():
+        value = getattr(args, name)
+        if value is not None and not 1 <= value <= limit:
+            raise ValueError(f"`{name}` must be in 1..{limit}. Given: {value}")
+
+
+def lora_mode(args: argparse.Namespace) -> str:
+    """What the front serves for LoRA: off, startup (adapters by `model`), runtime (and the load routes)."""
+    if args.lora_runtime_loading:
+        return "runtime"
+    return "startup" if args.lora_adapters else "off"
 
 
 def _check_ports(args: argparse.Namespace) -> None:
@@ -286,10 +321,22 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "kv_cache_dtype": args.kv_cache_dtype,
         "rope_scaling": args.rope_scaling,
         "rope_factor": args.rope_factor,
+        "lora_adapters": _absolute_adapters(args.lora_adapters),
+        "max_loras": args.max_loras,
+        "max_lora_rank": args.max_lora_rank,
+        "lora_runtime_loading": "true" if args.lora_runtime_loading else "false",
         "json_output": "true" if args.json_output else "false",
         "validation_workers": args.validation_workers,
     }
     return {k: "" if v is None else str(v) for k, v in values.items()}
+
+
+def _absolute_adapters(text: str | None) -> str | None:
+    """--lora-adapters with each path as the model process will see it."""
+    from tgi_llm.lora.spec import parse_lora_adapters
+
+    adapters = parse_lora_adapters(text)
+    return ",".join(f"{name}={_absolute_if_local(path)}" for name, path in adapters.items()) or None
 
 
 def _absolute_if_local(path: str | None) -> str | None:

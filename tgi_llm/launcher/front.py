@@ -20,6 +20,7 @@ STOP_TIMEOUT_S = 35.0  # uvicorn lets in-flight requests finish for up to 30 s
 def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfig) -> list[str]:
     """The front talks to tritonserver's loopback gRPC port directly (the gateway serves outside clients)."""
     from tgi_llm.front.config import InfoLimits
+    from tgi_llm.launcher.args import lora_mode
 
     command = [
         sys.executable, "-m", "tgi_llm.front.main", "--port", str(args.port), "--hostname", args.hostname,
@@ -28,7 +29,7 @@ def front_command(args: argparse.Namespace, model_dir: Path, triton: ServerConfi
         "--model-name", MODEL_NAME, "--model-id", args.model_id or _default_model_id(),
         "--tokenizer-dir", str(model_dir), "--log-level", args.log_level,
         "--payload-limit", str(args.payload_limit), "--request-read-timeout", str(args.request_read_timeout),
-        "--reasoning-format", args.reasoning_format,
+        "--reasoning-format", args.reasoning_format, "--lora", lora_mode(args),
     ]
     if args.dtype:
         command += ["--dtype", args.dtype]

@@ -47,6 +47,7 @@ INPUTS: list[tuple[str, str, list[int]]] = [
     ("min_tokens", "TYPE_INT32", [1]),
     ("min_length", "TYPE_INT32", [1]),
     ("sampling_parameters", "TYPE_STRING", [1]),
+    ("lora_name", "TYPE_STRING", [1]),  # the LoRA adapter (Triton's vLLM backend's name; TGI's adapter_id)
     # Structured output, as TensorRT-LLM and Triton's OpenAI front end name it: json (any JSON value),
     # json_schema, regex or ebnf_grammar, and the guide (schema, expression, grammar) itself.
     ("guided_decoding_guide_type", "TYPE_STRING", [1]),
@@ -92,6 +93,10 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "kv_cache_dtype": "",
     "rope_scaling": "",
     "rope_factor": "",
+    "lora_adapters": "",
+    "max_loras": "",
+    "max_lora_rank": "",
+    "lora_runtime_loading": "false",
     "max_concurrent_requests": "128",
     "max_best_of": "2",
     "max_stop_sequences": "4",

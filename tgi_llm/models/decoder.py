@@ -19,6 +19,7 @@ from torch import nn
 from tgi_llm.attention import AttentionBackend, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.hugepages import in_huge_pages
+from tgi_llm.lora.weights import LinearLora, LoraBatch, ModelLora
 from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.layer_stack import FusedLayerStack
 from tgi_llm.models.layers.activation import activation
@@ -95,12 +96,22 @@ class DecoderLayer(nn.Module):
             self.gate_up = weights.linear([f"{mlp}.gate_proj", f"{mlp}.up_proj"], "column", config.mlp_bias, Linear)
         if self.moe is None:
             self.down = weights.linear([f"{mlp}.down_proj"], "row", config.mlp_bias, Linear)
+        #: The LoRA adapters of this layer's linears, by attribute name (CausalLM.attach_lora; None: no LoRA).
+        self.lora: dict[str, LinearLora] | None = None
 
-    def _attention_input(self, hidden: torch.Tensor, rope: RopeTables) -> tuple[torch.Tensor, ...]:
+    def _project(self, name: str, x: torch.Tensor, lora: LoraBatch | None) -> torch.Tensor:
+        """The linear `name` over every row, plus each row's adapter product where it runs one."""
+        y = getattr(self, name)(x)
+        if lora is not None and self.lora is not None and name in self.lora:
+            self.lora[name].add(x, y, lora)
+        return y
+
+    def _attention_input(self, hidden: torch.Tensor, rope: RopeTables, lora: LoraBatch | None
+                         ) -> tuple[torch.Tensor, ...]:
         """q [T, Hq, D], k and v [T, Hkv, D]: normalized and rotated as the family does."""
         tokens = hidden.shape[0]
         x = self.input_norm(hidden) if self.input_norm is not None else hidden
-        qkv = self.qkv(x)
+        qkv = self._project("qkv", x, lora)
         qk_heads = self.num_heads + self.num_kv_heads
         if self.qk_norm == "projection":  # over all heads of q, and of k (one shard: checked at start-up)
             q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -130,19 +141,22 @@ class DecoderLayer(nn.Module):
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         attn: AttentionMetadata,
         backend: AttentionBackend,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         tokens = hidden.shape[0]
-        q, k, v = self._attention_input(hidden, rope)
+        q, k, v = self._attention_input(hidden, rope, lora)
         o = backend.forward(q, k, v, kv_cache[0], kv_cache[1], attn, self.scale, window=self.window,
                             softcap=self.softcap)
-        o = tp_ops.reduce(self.o_proj(o.reshape(tokens, self.num_heads * self.head_dim)), self.shard)
+        o = tp_ops.reduce(self._project("o_proj", o.reshape(tokens, self.num_heads * self.head_dim), lora),
+                          self.shard)
         hidden = self._residual(hidden, o, self.attn_out_norm)
 
         x = self.mlp_norm(hidden) if self.mlp_norm is not None else hidden
         if self.moe is not None:
             return self._residual(hidden, tp_ops.reduce(self.moe(x), self.shard), self.mlp_out_norm)
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self._residual(hidden, tp_ops.reduce(self.down(self.act(gate) * up), self.shard), self.mlp_out_norm)
+        gate, up = self._project("gate_up", x, lora).chunk(2, dim=-1)
+        down = self._project("down", self.act(gate) * up, lora)
+        return self._residual(hidden, tp_ops.reduce(down, self.shard), self.mlp_out_norm)
 
 
 def _experts(config: ModelConfig, weights: WeightLoader, layer: str) -> SparseMoe:
@@ -196,6 +210,15 @@ class CausalLM(nn.Module):
         self.lm_head_panel_lanes = 0  # the float head (and a tied embedding table) in the panel order
         self.float_kernels: LinearKernels | None = None
         self._fused: tuple[list, FusedLayerStack | None] | None = None  # (the caches it was made for, it)
+        #: The resident LoRA adapters' weights (attach_lora; None: the server takes no adapters).
+        self.lora: ModelLora | None = None
+
+    def attach_lora(self, lora: ModelLora) -> None:
+        """Give every layer its adapter slots (before the first forward: the fused stack reads them once)."""
+        self.lora = lora
+        for layer, linears in zip(self.layers, lora.layers, strict=True):
+            layer.lora = linears
+        self._fused = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -260,8 +283,9 @@ class CausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         attn: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
-        """Final-norm hidden states [T, H] for a flat batch of T new tokens."""
+        """Final-norm hidden states [T, H] for a flat batch of T new tokens (`lora`: each row's adapter)."""
         if self.attention_backend is None:
             self.attention_backend = select_attention_backend(input_ids.device, attn.block_size,
                                                               cpu_bf16_prefill=self.bf16_prefill_attention)
@@ -277,8 +301,8 @@ class CausalLM(nn.Module):
             hidden = hidden * self.config.embedding_multiplier
         fused = self._layer_stack(kv_caches)
         if fused is not None and fused.takes(attn, input_ids.shape[0]):
-            return fused.run(hidden, rope, attn, lambda: self._layers(hidden, rope, kv_caches, attn))
-        return self._layers(hidden, rope, kv_caches, attn)
+            return fused.run(hidden, rope, attn, lambda: self._layers(hidden, rope, kv_caches, attn, lora), lora)
+        return self._layers(hidden, rope, kv_caches, attn, lora)
 
     def _rope_tables(self, positions: torch.Tensor, attn: AttentionMetadata) -> RopeTables:
         token_seq_lens = None
@@ -291,9 +315,9 @@ class CausalLM(nn.Module):
         return tables
 
     def _layers(self, hidden: torch.Tensor, rope: RopeTables, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                attn: AttentionMetadata) -> torch.Tensor:
+                attn: AttentionMetadata, lora: LoraBatch | None = None) -> torch.Tensor:
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden = layer(hidden, rope, kv_cache, attn, self.attention_backend)
+            hidden = layer(hidden, rope, kv_cache, attn, self.attention_backend, lora)
         return self.norm(hidden)
 
     def release_caches(self) -> None:

@@ -37,6 +37,7 @@ from tgi_llm.attention.cpu_kernels import (
 )
 from tgi_llm.attention.metadata import AttentionMetadata
 from tgi_llm.attention.torch_paged import TorchPagedAttention
+from tgi_llm.lora.weights import LoraBatch
 from tgi_llm.models.config import TANH_GELU_NAMES
 from tgi_llm.native import CheckedKernels
 from tgi_llm.native.abi import Activation, Experts, Layer, Prompts, RopeTables, WeightKind
@@ -162,16 +163,18 @@ class FusedLayerStack:
         return all(n > 1 for n in rest)
 
     def run(self, hidden: torch.Tensor, rope: RopeTableSet, attn: AttentionMetadata,
-            reference: Callable[[], torch.Tensor]) -> torch.Tensor:
+            reference: Callable[[], torch.Tensor], lora: LoraBatch | None = None) -> torch.Tensor:
         """Final-norm hidden states [M, H] of the step's M tokens (`hidden`: their embeddings, overwritten);
-        `reference()` computes the same through the torch layers, used on the first step of each kind to check."""
+        `reference()` computes the same through the torch layers, used on the first step of each kind (with and
+        without LoRA rows) to check."""
         lens = attn.query_lens_cpu
         kind = "decode" if attn.is_pure_decode else "verify" if _leading_decode_rows(lens) == len(lens) else "mixed"
+        kind += " with LoRA" if lora is not None else ""
         if kind not in self.checked:
-            return self._check(kind, hidden, rope, attn, reference)
-        return self._run(hidden, rope, attn)
+            return self._check(kind, hidden, rope, attn, reference, lora)
+        return self._run(hidden, rope, attn, lora)
 
-    def _run(self, hidden: torch.Tensor, rope: RopeTableSet, attn: AttentionMetadata
+    def _run(self, hidden: torch.Tensor, rope: RopeTableSet, attn: AttentionMetadata, lora: LoraBatch | None = None
              ) -> torch.Tensor:
         hidden = hidden.contiguous()
         m = hidden.shape[0]
@@ -200,7 +203,7 @@ class FusedLayerStack:
             meta = prefill_arguments(sequences)
             prompts = Prompts(self._prefill_address, len(sequences), *(row.data_ptr() for row in meta))
         failed = self._lib.layer_stack(
-            self._layers, len(self._layers), ctypes.byref(prompts),
+            self._layers, len(self._layers), ctypes.byref(prompts), None if lora is None else lora.rows.data_ptr(),
             hidden.data_ptr(), out.data_ptr(), self.final_norm.data_ptr(), m, self.hidden_size, self.heads,
             self.kv_heads, self.head_dim, self.intermediate, cos.data_ptr(), sin.data_ptr(),
             cos_local.data_ptr(), sin_local.data_ptr(), slots.data_ptr(),
@@ -211,9 +214,9 @@ class FusedLayerStack:
             raise MemoryError("fused decode: no memory for its scratch buffers")
         return out
 
-    def _check(self, kind: str, hidden, rope, attn, reference) -> torch.Tensor:
+    def _check(self, kind: str, hidden, rope, attn, reference, lora) -> torch.Tensor:
         # The torch layers run second: the K/V they write (the same slots) are the ones kept.
-        got = self._run(hidden.clone(), rope, attn)
+        got = self._run(hidden.clone(), rope, attn, lora)
         want = reference()
         scale = max(1.0, want.abs().max().item())
         self.agrees = bool(torch.allclose(got, want, rtol=self.tolerance, atol=self.tolerance * scale))
@@ -261,6 +264,8 @@ def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None
     """qkv, o, gate_up, down: the last two NULL (gemm_min 0) where the layer has experts."""
     linears = [layer.qkv, layer.o_proj, *((layer.gate_up, layer.down) if experts is None else (None, None))]
     descs = [None if m is None else m.desc() for m in linears]
+    adapters = layer.lora or {}
+    lora = [adapters[name].address() if name in adapters else None for name in ("qkv", "o_proj", "gate_up", "down")]
     return Layer(
         *(None if d is None else ctypes.addressof(d) for d in descs),
         (ctypes.c_int64 * 4)(*(0 if d is None else gemm_min_tokens(d) for d in descs)),
@@ -269,7 +274,8 @@ def _layer(layer, k: torch.Tensor, v: torch.Tensor, experts: _ExpertsArgs | None
         q_norm=_weight(layer.q_norm), k_norm=_weight(layer.k_norm), qk_norm_per_head=int(layer.qk_norm == "head"),
         rope=_ROPE_TABLES[layer.rope], residual_scale=layer.residual_multiplier, k_cache=k.data_ptr(),
         v_cache=v.data_ptr(), experts=None if experts is None else ctypes.addressof(experts.struct),
-        rope_dim=rope_dim, kv_dtype=KV_DTYPES[k.dtype], k_scales=scales_address(k), v_scales=scales_address(v))
+        rope_dim=rope_dim, kv_dtype=KV_DTYPES[k.dtype], k_scales=scales_address(k), v_scales=scales_address(v),
+        lora=(ctypes.c_void_p * 4)(*lora))
 
 
 def _leading_decode_rows(query_lens: list[int]) -> int:

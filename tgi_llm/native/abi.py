@@ -76,7 +76,14 @@ class Layer(ctypes.Structure):
                 ("input_norm", _p), ("post_norm", _p), ("attn_out_norm", _p), ("mlp_out_norm", _p),
                 ("q_norm", _p), ("k_norm", _p), ("qk_norm_per_head", _i32), ("rope", _i32),
                 ("residual_scale", _f32), ("k_cache", _p), ("v_cache", _p), ("experts", _p), ("rope_dim", _i64),
-                ("kv_dtype", _i32), ("k_scales", _p), ("v_scales", _p)]
+                ("kv_dtype", _i32), ("k_scales", _p), ("v_scales", _p), ("lora", _p * 4)]
+
+
+class Lora(ctypes.Structure):
+    """`lora_t`: one linear's LoRA adapters in every slot (tgi_llm/lora/weights.py LinearLora)."""
+
+    _fields_ = [("parts", _i64), ("rank", _i64), ("K", _i64), ("N", _i64), ("offsets", _p), ("ranks", _p),
+                ("a", _p), ("bt", _p)]
 
 
 class Prompts(ctypes.Structure):
@@ -85,7 +92,7 @@ class Prompts(ctypes.Structure):
     _fields_ = [("run", _p), ("S", _i64), ("trow", _p), ("qstart", _p), ("qlen", _p), ("klen", _p)]
 
 
-C_NAMES = {WeightDesc: "qweight_t", Layer: "layer_t", Prompts: "prompts_t", Experts: "experts_t"}
+C_NAMES = {WeightDesc: "qweight_t", Layer: "layer_t", Prompts: "prompts_t", Experts: "experts_t", Lora: "lora_t"}
 
 _PREFILL = ([_p, _i64, _p, _p, _p, _p, _i64] + [_p] * 4 + [_i64] * 5 + [_f32, ctypes.c_int], ctypes.c_int)
 #: name: (argument types, result type) of every function Python calls.
@@ -107,7 +114,8 @@ SIGNATURES: dict[str, tuple[list, object]] = {
     "has_bf16_prefill": ([], ctypes.c_int),
     "has_amx_prefill": ([], ctypes.c_int),
     "set_amx_prefill": ([ctypes.c_int], None),
-    "layer_stack": ([_p, _i64, _p, _p, _p, _p] + [_i64] * 6 + [_p] * 6 + [_i64] * 2 + [_p] + [_i64] * 2
+    "lora_apply": ([_p, _p, _i64, _p, _i64, _p, _i64, ctypes.c_int], None),
+    "layer_stack": ([_p, _i64, _p, _p, _p, _p, _p] + [_i64] * 6 + [_p] * 6 + [_i64] * 2 + [_p] + [_i64] * 2
                     + [_f32] * 3 + [_i32, ctypes.c_int], ctypes.c_int),
 }
 

@@ -64,7 +64,7 @@ class Unit:
 #: The layer stack contracts no a*b + c*d into an FMA: its rope and norms round like torch's separate ops.
 UNITS = (Unit("quant/linear.c"), Unit("attention/paged.c"),
          Unit("layer_stack/layer_stack.c", ("-ffp-contract=off",)),
-         Unit("layer_stack/experts.c", ("-ffp-contract=off",)), Unit("abi.c"))
+         Unit("layer_stack/experts.c", ("-ffp-contract=off",)), Unit("lora/lora.c"), Unit("abi.c"))
 
 
 class NativeBuildError(RuntimeError):

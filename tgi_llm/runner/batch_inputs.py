@@ -28,15 +28,18 @@ class BatchInputs:
     sample_seqs: list[int]
     #: For each sequence with prompt rows: (plan index, first logits row, number of rows).
     prompt_logprob_rows: list[tuple[int, int, int]]
+    #: Each row's LoRA slot (-1: the base model).
+    lora_slots: list[int]
 
 
 def flatten(plan: StepPlan, block_size: int) -> BatchInputs:
-    out = BatchInputs([], [], [], [], [], [], [], [], [])
+    out = BatchInputs([], [], [], [], [], [], [], [], [], [])
     prompt_rows: list[tuple[int, int, int]] = []  # (plan index, first flat row, rows)
     for i, entry in enumerate(plan.seqs):
         start, end, table = entry.start, entry.end, entry.block_ids
         row0 = len(out.input_ids)
         out.input_ids.extend(entry.token_ids)
+        out.lora_slots.extend([entry.lora_slot] * entry.num_tokens)
         out.positions.extend(range(start, end))
         out.slot_mapping.extend(table[p // block_size] * block_size + p % block_size for p in range(start, end))
         out.query_lens.append(end - start)

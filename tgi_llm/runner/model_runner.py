@@ -23,6 +23,8 @@ from tgi_llm.engine.runner_protocol import SampledToken, SeqResult
 from tgi_llm.engine.sampling import Sampler, samples
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
 from tgi_llm.kv_cache import KVCache
+from tgi_llm.lora.registry import LoraLoad, LoraLoadError
+from tgi_llm.lora.weights import LoraBatch
 from tgi_llm.runner.batch_inputs import BatchInputs, flatten, num_sample_rows, to_metadata
 from tgi_llm.runner.grammar_mask import GrammarMasker
 from tgi_llm.runner.request_state import RequestStates
@@ -64,16 +66,27 @@ class ModelRunner:
 
     def forward_plan(self, plan: StepPlan) -> tuple[BatchInputs, torch.Tensor]:
         """The forward every rank runs: the flat batch, and logits [len(logits_indices), V] (float32)."""
+        self._load_adapters(plan.lora_loads)
         batch = flatten(plan, self.block_size)
         dev = self.device
         attn = to_metadata(batch, self.block_size, dev)
         input_ids = torch.tensor(batch.input_ids, dtype=torch.long, device=dev)
         positions = torch.tensor(batch.positions, dtype=torch.long, device=dev)
-        hidden = self.model(input_ids, positions, self.kv_caches, attn)
+        lora = LoraBatch.of(batch.lora_slots)
+        hidden = self.model(input_ids, positions, self.kv_caches, attn, lora) if lora is not None \
+            else self.model(input_ids, positions, self.kv_caches, attn)
         if not batch.logits_indices:  # only prompt chunks that sample nothing: no LM head (on every rank)
             return batch, hidden.new_empty((0, 0), dtype=torch.float32)
         rows = torch.tensor(batch.logits_indices, dtype=torch.long, device=dev)
         return batch, self.model.compute_logits(hidden.index_select(0, rows))
+
+    def _load_adapters(self, loads: list[LoraLoad]) -> None:
+        """Read each adapter into its slot. A failure names the slot (the engine frees it) and fails the step."""
+        for load in loads:
+            try:
+                self.model.lora.load(load.slot, load.path)
+            except Exception as exc:
+                raise LoraLoadError(load.slot, f"LoRA adapter {load.path} failed to load: {exc}") from exc
 
     @torch.inference_mode()
     def warm_up(self) -> None:

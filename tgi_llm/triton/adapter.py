@@ -17,6 +17,7 @@ import numpy as np
 from tgi_llm.errors import GenerationError, TgiError, ValidationError
 from tgi_llm.triton.admission import AdmissionPool
 from tgi_llm.triton.inputs import ParsedRequest, parse_request
+from tgi_llm.triton.lora_admin import admin_request, answer, answer_outputs
 from tgi_llm.triton.responder import Live, Responder
 from tgi_llm.triton.status import CodeTaggingSender, wants_error_code
 
@@ -58,6 +59,11 @@ class TritonAdapter:
         parameters = io.parameters(request)
         if wants_error_code(parameters):
             sender = CodeTaggingSender(sender)
+        admin = admin_request(parameters)
+        if admin is not None:  # LoRA admin (reads adapter files): on a worker, one answer
+            lora = getattr(self.engine, "lora", None)
+            self.admission.submit(sender, lambda: self.responder.answer(sender, answer_outputs(answer(lora, admin))))
+            return
         try:
             parsed = parse_request(lambda name: io.tensor(request, name), parameters,
                                    max_stop_sequences=self._max_stop_sequences)

@@ -36,11 +36,12 @@ SCALAR_INPUTS: dict[str, str] = {
     "ignore_eos": "ignore_eos",
     "min_tokens": "min_new_tokens",  # vLLM's name
     "min_length": "min_new_tokens",  # TensorRT-LLM's
+    "lora_name": "adapter_id",  # Triton's vLLM backend's
 }
 
 #: Triton's LLM names that mean a TGI parameter under another name (as request parameters too).
 PARAMETER_ALIASES: dict[str, str] = {"max_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
-                                     "min_length": "min_new_tokens"}
+                                     "min_length": "min_new_tokens", "lora_name": "adapter_id"}
 
 #: Inputs tools send that change nothing here (num_input_tokens / num_output_tokens always come back).
 ACCEPTED_INPUTS = ("return_num_input_tokens", "return_num_output_tokens")

@@ -7,11 +7,13 @@ engine's per-step timings are drained in batches.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from tgi_llm.engine.stats import EngineStats, StepStats
 from tgi_llm.events import FinalEvent
+from tgi_llm.lora.registry import LoraStats
 from tgi_llm.triton.status import failure_label
 
 #: family_factory(name, description, kind) -> an object with `.Metric(labels=..., buckets=...)`,
@@ -38,6 +40,7 @@ _COUNTERS = {
     "vllm:spec_decode_num_drafts": "Verify steps: decodes that fed draft tokens",
     "vllm:spec_decode_num_draft_tokens": "Draft tokens verified",
     "vllm:spec_decode_num_accepted_tokens": "Draft tokens accepted (each saved a step)",
+    "tgi_lora_requests": "Requests received for each LoRA adapter",
 }
 _GAUGES = {
     "tgi_queue_size": "Requests waiting to be admitted into the batch",
@@ -52,6 +55,9 @@ _GAUGES = {
     "vllm:num_requests_waiting": "Requests waiting to be admitted into the batch",
     "vllm:num_requests_running": "Requests in the running batch",
     "vllm:kv_cache_usage_perc": "Fraction of KV-cache blocks held by requests (0 to 1)",
+    # The Gateway API Inference Extension's LoRA affinity reads its labels; the value is when they last changed.
+    "vllm:lora_requests_info": "LoRA adapters: max_lora resident at once, running_lora_adapters and "
+                               "waiting_lora_adapters (comma-separated); the value is the Unix time of the change",
 }
 _HISTOGRAMS = {
     "tgi_request_duration": "Seconds from request received to its final response",
@@ -136,11 +142,29 @@ class TgiMetrics:
         self._advance("vllm:spec_decode_num_drafts", stats.spec_drafts)
         self._advance("vllm:spec_decode_num_draft_tokens", stats.spec_draft_tokens)
         self._advance("vllm:spec_decode_num_accepted_tokens", stats.spec_accepted_tokens)
+        if stats.lora is not None:
+            self._lora(stats.lora)
+
+    def _lora(self, lora: LoraStats) -> None:
+        labels = {"max_lora": str(lora.max_loras), "running_lora_adapters": ",".join(sorted(lora.running)),
+                  "waiting_lora_adapters": ",".join(lora.waiting)}
+        key = ("vllm:lora_requests_info", tuple(sorted(labels.items())))
+        if key not in self._metrics:  # one series at a time: the old one goes with its labels
+            for old in [k for k in self._metrics if k[0] == "vllm:lora_requests_info"]:
+                del self._metrics[old]
+            self._metric("vllm:lora_requests_info", **labels).set(time.time())
+        for name, total in lora.requests_total.items():
+            delta = total - self._counter_totals.get(f"tgi_lora_requests:{name}", 0)
+            if delta > 0:
+                self._metric("tgi_lora_requests", adapter=name).increment(float(delta))
+                self._counter_totals[f"tgi_lora_requests:{name}"] = total
 
     def memory(self, account: Any) -> None:
         """A tgi_llm.memory.MemoryAccount: weights, the KV pool, and the rest of the resident memory."""
         for kind, value in (("weights", account.weights), ("kv_cache", account.kv_cache), ("other", account.other)):
             self._metric("tgi_memory_bytes", kind=kind).set(float(value))
+        if account.lora_adapters:
+            self._metric("tgi_memory_bytes", kind="lora_adapters").set(float(account.lora_adapters))
 
     def steps(self, steps: Iterable[StepStats]) -> None:
         counts: dict[str, int] = {}

@@ -70,6 +70,12 @@ class _Fail:
 
 
 @dataclass(frozen=True)
+class _Answer:
+    sender: Any
+    outputs: Outputs
+
+
+@dataclass(frozen=True)
 class _Reject:
     sender: Any
     error: BaseException
@@ -109,6 +115,10 @@ class Responder:
     def reject(self, sender: Any, error: BaseException) -> None:
         """A request that never reached the engine (invalid): its one response is this error."""
         self._queue.put(_Reject(sender, error))
+
+    def answer(self, sender: Any, outputs: Outputs) -> None:
+        """A request the model answers itself (LoRA admin): its one, final response."""
+        self._queue.put(_Answer(sender, outputs))
 
     def register(self, key: int, live: Live) -> None:
         """Call before engine.submit, so the request is known before its first event."""
@@ -171,6 +181,8 @@ class Responder:
                 self._record(lambda m: m.request_received())
             elif isinstance(item, _Fail):
                 self._guard(self._finish_error, item.key, item.error, None)
+            elif isinstance(item, _Answer):
+                self._guard(self._api.send, item.sender, item.outputs, None, True)
             elif isinstance(item, _Reject):
                 self._record(lambda m: m.request_received())
                 self._record(lambda m, e=item.error: m.request_failed(e))

@@ -70,6 +70,17 @@ typedef struct {
     int32_t num_experts, top_k, normalize;
 } experts_t;
 
+/* One linear's LoRA adapters, in every slot (lora/weights.py LinearLora): output part p (q, k, v of a fused
+   qkv) spans columns [offsets[p], offsets[p + 1]); slot s's part p has rank ranks[s * parts + p] (0: none),
+   its A at a[(s * parts + p) * rank * K] ([rank, K], rows past its rank unused) and its B transposed, scaled,
+   at bt[s * rank * N + rank * offsets[p]] ([rank, width of p]) */
+typedef struct {
+    int64_t parts, rank, K, N;
+    const int64_t* offsets;
+    const int32_t* ranks;
+    const float *a, *bt;
+} lora_t;
+
 /* One decoder layer of the fused stack */
 typedef struct {
     const qweight_t *qkv, *o, *gate_up, *down; /* gate_up, down: NULL where `experts` is not */
@@ -86,6 +97,7 @@ typedef struct {
     int64_t rope_dim;         /* the first rope_dim of each head are rotated (its tables' width), the rest pass */
     int32_t kv_dtype;         /* kv_dtype_t */
     void *k_scales, *v_scales; /* KV_Q8: the caches' scales (else NULL) */
+    const lora_t* lora[4];     /* each of qkv, o, gate_up, down's adapters (NULL: none) */
 } layer_t;
 
 /* paged_prefill_f32 and its bfloat16 variants */
@@ -129,8 +141,12 @@ int has_bf16_prefill(void);
 int has_amx_prefill(void);
 void set_amx_prefill(int on);
 
+/* lora/lora.c */
+void lora_apply(const lora_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* row_slots,
+                int64_t M, int nthreads);
+
 /* layer_stack/layer_stack.c */
-int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
+int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, const int32_t* lora_rows, float* hidden, float* out,
                 const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,

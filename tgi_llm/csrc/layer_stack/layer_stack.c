@@ -140,14 +140,21 @@ static void qkv_row(const layer_t* ly, float* restrict row, const float* c, cons
     kv_store_row((char*)ly->v_cache + at, (_Float16*)ly->v_scales + group, row + (Hq + Hkv) * D, tok, ly->kv_dtype);
 }
 
+/* a linear's LoRA adapters on the rows that run one (lora_rows NULL: the step has none) */
+static void adapters(const lora_t* w, const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* lora_rows,
+                     int64_t M, int nthreads) {
+    if (w && lora_rows) lora_apply(w, x, ldx, y, ldy, lora_rows, M, nthreads);
+}
+
 /* hidden [M, H]: the embedded tokens, updated in place through the layers; out [M, H]: after the final norm.
    I: the largest dense MLP's intermediate size (0: every layer has experts).
    cos/sin [M, rope_dim of the ROPE_GLOBAL layers] (cos_local/sin_local: of the ROPE_LOCAL ones); slots [M]
    int64. Rows [0, B) are decodes, one token each: tables rows [0, B) int32 [., W], seq_lens [B] int32 (after
    this token). Rows [B, M) are the prompt chunks of `prompts`. softcap > 0: decode
    scores soft-capped (Gemma 2; the caller sends no prompt chunks then: the prefill kernels do not cap).
+   lora_rows [M]: each row's adapter slot (-1: the base model), or NULL when no row runs one.
    Returns 0, or -1 if scratch memory could not be had. */
-int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, float* hidden, float* out,
+int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, const int32_t* lora_rows, float* hidden, float* out,
                 const float* final_norm, int64_t M, int64_t H, int64_t Hq, int64_t Hkv, int64_t D, int64_t I,
                 const float* cos, const float* sin, const float* cos_local, const float* sin_local,
                 const int64_t* slots, const int32_t* tables, int64_t W, int64_t B, const int32_t* seq_lens,
@@ -171,6 +178,7 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
     for (int64_t l = 0; l < L; l++) {
         const layer_t* ly = layers + l;
         quant_apply(ly->qkv, normed, H, qkv, QKV, M, ly->gemm_min[0], nthreads);
+        adapters(ly->lora[0], normed, H, qkv, QKV, lora_rows, M, nthreads);
         const float *c = ly->rope == ROPE_LOCAL ? cos_local : cos, *sn = ly->rope == ROPE_LOCAL ? sin_local : sin;
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (M >= PAR_MIN_ROWS)
         for (int64_t m = 0; m < M; m++)
@@ -186,14 +194,17 @@ int layer_stack(const layer_t* layers, int64_t L, const prompts_t* prompts, floa
             return -1;
         }
         quant_apply(ly->o, att, Hq * D, proj, H, M, ly->gemm_min[1], nthreads);
+        adapters(ly->lora[1], att, Hq * D, proj, H, lora_rows, M, nthreads);
         residual(hidden, proj, ly->attn_out_norm, ly->residual_scale, ly->post_norm, normed, M, H, eps, nthreads);
         if (ly->experts) {
             experts_mlp(ly->experts, normed, proj, M, H, gate, expert_scratch, nthreads);
         } else {
             const int64_t Il = ly->gate_up->N / 2; /* Qwen3-MoE's dense layers have their own size */
             quant_apply(ly->gate_up, normed, H, gu, 2 * Il, M, ly->gemm_min[2], nthreads);
+            adapters(ly->lora[2], normed, H, gu, 2 * Il, lora_rows, M, nthreads);
             gate(gu, act, M, Il, nthreads);
             quant_apply(ly->down, act, Il, proj, H, M, ly->gemm_min[3], nthreads);
+            adapters(ly->lora[3], act, Il, proj, H, lora_rows, M, nthreads);
         }
         /* the next layer's input norm, or after the last layer the final one */
         const int last = l == L - 1;
