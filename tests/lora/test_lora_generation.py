@@ -132,3 +132,15 @@ def test_a_quantized_base_with_an_adapter_is_the_dequantized_base_plus_the_adapt
         with_adapter = PeftModel.from_pretrained(reference, adapter).eval()
         lora_error = rel_err(ours(LoraBatch.of([0] * len(tokens))), with_adapter(torch.tensor([tokens])).logits[0])
     assert lora_error < max(1.5 * base_error, 1e-4), (lora_error, base_error)
+
+
+def test_two_shards_split_every_adapter_as_their_layers(tiny_llama_dir, adapters):
+    """Tensor parallelism: each rank holds its slice of A or B; a mixed batch is what one shard gives."""
+    spec = ",".join(f"{name}={path}" for name, path in adapters.items())
+    names = [None, *adapters]
+    params = [_params(name) for name in names]
+    with LLM(str(tiny_llama_dir), lora_adapters=spec, max_loras=2, speculate=0, max_batch_total_tokens=4096) as one:
+        want = [r.token_ids for r in one.generate(PROMPTS, params)]
+    with LLM(str(tiny_llama_dir), lora_adapters=spec, max_loras=2, speculate=0, max_batch_total_tokens=4096,
+             num_shard=2) as two:
+        assert [r.token_ids for r in two.generate(PROMPTS, params)] == want

@@ -7,6 +7,7 @@ from dataclasses import replace
 from tgi_llm.engine.runner_protocol import SampledToken, SeqResult
 from tgi_llm.engine.scheduler import Scheduler
 from tgi_llm.engine.step_plan import ScheduledSeq, StepPlan
+from tgi_llm.lora.registry import LoraLoad
 from tgi_llm.parallel.plan_codec import PlanDecoder, PlanEncoder
 
 from ..conftest import PlanPlayer
@@ -30,7 +31,7 @@ def test_decode_steps_send_three_ints_per_sequence():
     player.advance(plan)
     for _ in range(5):
         plan = player.plan()
-        assert send(encoder, decoder, plan) == 2 + 3 * len(plan.seqs)
+        assert send(encoder, decoder, plan) == 3 + 3 * len(plan.seqs)
         player.advance(plan)
 
 
@@ -87,7 +88,7 @@ def test_decodes_with_drafts_and_moved_starts_round_trip():
         StepPlan([verify_entry(9, 17, [71, 72], [4, 7, 2, 5], 1)], released=[]),
     ]
     # Known-request records stay deltas: [id, meta, (start,) (num_drafts,) tokens..., new blocks...].
-    lengths = [None, 2 + 2 + 1 + 4, 2 + 2 + 1 + 1 + 3, 2 + 2 + 1 + 5 + 1, 2 + 2 + 1 + 1, 2 + 2 + 1 + 2]
+    lengths = [None, 3 + 2 + 1 + 4, 3 + 2 + 1 + 1 + 3, 3 + 2 + 1 + 5 + 1, 3 + 2 + 1 + 1, 3 + 2 + 1 + 2]
     for plan, length in zip(plans, lengths, strict=True):
         n = send(encoder, decoder, plan)
         assert length is None or n == length
@@ -164,3 +165,14 @@ def test_a_speculating_scheduler_s_plans_round_trip(plan_player):
     assert player.scheduler.num_accepted_tokens > 0
     assert player.scheduler.num_accepted_tokens < player.scheduler.num_draft_tokens
     assert player.kv.num_free == player.kv.num_blocks
+
+
+def test_lora_slots_and_adapter_loads_round_trip():
+    encoder, decoder = PlanEncoder(), PlanDecoder()
+    loads = [LoraLoad(1, "/adapters/ünïcode sql"), LoraLoad(0, "/a")]
+    first = StepPlan([ScheduledSeq(3, 0, [1, 2, 3], [4], samples=True, lora_slot=1),
+                      ScheduledSeq(5, 0, [9], [6], samples=True)], lora_loads=loads)
+    send(encoder, decoder, first)
+    decode = StepPlan([ScheduledSeq(3, 3, [7], [4], samples=True, is_decode=True, lora_slot=1),
+                       ScheduledSeq(5, 1, [8], [6], samples=True, is_decode=True)])
+    assert send(encoder, decoder, decode) == 3 + 3 + 1 + 3  # one more int for the sequence with an adapter

@@ -119,13 +119,14 @@ def _build_engine(opts: EngineOptions) -> Engine:
         torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(opts.model_id)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    lora_slots = lora_geometry(opts, model_dir)  # before shards spawn: they allocate them too
     shards = None
     if opts.num_shard > 1:  # MPI is imported on this path only: one shard runs in-process
         from tgi_llm.parallel import ShardGroup
 
         shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id(),
                                    opts.quantize, opts.quantize_group_size, kv_cache_dtype_name(kv_dtype),
-                                   opts.rope_override)
+                                   opts.rope_override, *(lora_slots or (0, 0)))
     model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
                                quantization=quantization, rope_override=opts.rope_override)
     block_size = opts.limits.block_size
@@ -133,7 +134,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
         block_size = preferred_block_size(device)
         logger.info("KV block size %d (what the attention backend needs on %s)", block_size, device)
     dtype = model.dtype  # what the layers compute in (bfloat16 on the CPU: float32 with bfloat16 weights)
-    lora = lora_registry(opts, model, config, device)  # before the first forward: the fused stack reads its slots
+    # before the first forward: the fused stack reads the slots
+    lora = lora_registry(opts, model, config, device, lora_slots, shards.shard if shards else None)
     per_token = kv_cache_bytes_per_token(config, kv_dtype) // opts.num_shard  # a rank caches 1/N of the KV heads
     rope = opts.rope_override
     context = rope.context(config.max_position_embeddings) if rope else config.max_position_embeddings
@@ -193,23 +195,19 @@ def _build_engine(opts: EngineOptions) -> Engine:
     return engine
 
 
-def lora_registry(opts: EngineOptions, model, config, device: torch.device):
-    """The LoRA slots on the model and the registry of adapters, with --lora-adapters' registered (None: no LoRA).
-    Slots hold --max-lora-rank (default: the largest start-up adapter's rank, else 16); a start-up adapter that
-    cannot run on this model stops the start, naming it and why."""
+def lora_geometry(opts: EngineOptions, model_dir: Path) -> tuple[int, int] | None:
+    """(slots, rank) of the LoRA slots every rank allocates, or None without LoRA: --max-loras (default: as many as
+    --lora-adapters names, at least 1) and --max-lora-rank (default: the largest start-up adapter's rank, and at
+    least 16 with runtime loading). A start-up adapter that cannot run on this model stops the start, naming it."""
     from tgi_llm.lora.peft_adapter import AdapterError, read_adapter
-    from tgi_llm.lora.registry import LoraRegistry
     from tgi_llm.lora.spec import parse_lora_adapters
-    from tgi_llm.lora.weights import ModelLora
 
     adapters = parse_lora_adapters(opts.lora_adapters)
     if not adapters and not opts.lora_runtime_loading:
         return None
-    if not hasattr(model, "attach_lora"):
-        raise ArgumentValidationError("LoRA adapters need a natively served model family; this model runs "
-                                      "through transformers")
-    if opts.num_shard > 1:
-        raise ArgumentValidationError("LoRA adapters are not supported with `num_shard` > 1 yet")
+    from tgi_llm.models.registry import read_config_dir
+
+    config = read_config_dir(model_dir)
     max_rank = opts.max_lora_rank
     if max_rank is None:
         ranks = [16] if opts.lora_runtime_loading or not adapters else []
@@ -219,17 +217,36 @@ def lora_registry(opts: EngineOptions, model, config, device: torch.device):
             except AdapterError as exc:
                 raise ArgumentValidationError(f"`lora_adapters` {name}: {exc}") from None
         max_rank = max(ranks)
-    slots = ModelLora.allocate(config, opts.max_loras or max(len(adapters), 1), max_rank, device,
-                               torch.float32 if device.type == "cpu" else model.dtype)
+    return opts.max_loras or max(len(adapters), 1), max_rank
+
+
+def lora_registry(opts: EngineOptions, model, config, device: torch.device, geometry: tuple[int, int] | None,
+                  shard=None):
+    """The LoRA slots on the model (this rank's slice) and the registry of adapters, --lora-adapters' registered
+    (None: no LoRA)."""
+    from tgi_llm.lora.peft_adapter import AdapterError
+    from tgi_llm.lora.registry import LoraRegistry
+    from tgi_llm.lora.spec import parse_lora_adapters
+    from tgi_llm.lora.weights import ModelLora
+    from tgi_llm.weights.safetensors_loader import NO_SHARD
+
+    if geometry is None:
+        return None
+    if not hasattr(model, "attach_lora"):
+        raise ArgumentValidationError("LoRA adapters need a natively served model family; this model runs "
+                                      "through transformers")
+    adapters = parse_lora_adapters(opts.lora_adapters)
+    slots = ModelLora.allocate(config, *geometry, device, torch.float32 if device.type == "cpu" else model.dtype,
+                               shard or NO_SHARD)
     model.attach_lora(slots)
-    registry = LoraRegistry(slots.slots, max_rank, slots.read, opts.lora_runtime_loading)
+    registry = LoraRegistry(slots.slots, slots.max_rank, slots.read, opts.lora_runtime_loading)
     for name, path in adapters.items():
         try:
             registry.register(name, str(Path(path).resolve()))
         except (AdapterError, KeyError) as exc:
             raise ArgumentValidationError(f"`lora_adapters` {name}: {exc}") from None
     logger.info("LoRA: %d adapters registered (%s), %d resident at once, rank up to %d, %.1f MB of slots%s",
-                len(adapters), ", ".join(adapters) or "none", slots.slots, max_rank, slots.nbytes / 1e6,
+                len(adapters), ", ".join(adapters) or "none", slots.slots, slots.max_rank, slots.nbytes / 1e6,
                 "; runtime loading on" if opts.lora_runtime_loading else "")
     return registry
 

@@ -77,6 +77,8 @@ class ShardSetup:
     kv_cache_dtype: str = ""  # the KV cache's type as rank 0 resolved it ("": auto), so every rank caches it
     rope_scaling: str = ""  # --rope-scaling / --rope-factor as rank 0 resolved them ("" / 0: the config's rope)
     rope_factor: float = 0.0
+    lora_slots: int = 0  # --max-loras and --max-lora-rank as rank 0 resolved them (0: no LoRA)
+    lora_rank: int = 0
 
 
 def check_tp_split(config: ModelConfig, num_shard: int, model: str = "the model") -> None:
@@ -144,7 +146,7 @@ class ShardGroup:
     def launch(cls, num_shard: int, model_dir: str | Path, dtype: torch.dtype, device: torch.device,
                model_name: str | None = None, quantize: str | None = None,
                quantize_group_size: int | None = None, kv_cache_dtype: str | None = None,
-               rope_override: RopeOverride | None = None) -> ShardGroup:
+               rope_override: RopeOverride | None = None, lora_slots: int = 0, lora_rank: int = 0) -> ShardGroup:
         config = read_config_dir(model_dir)
         check_tp_split(config, num_shard, model_name or str(model_dir))
         if device.type == "cuda" and torch.cuda.device_count() < (device.index or 0) + num_shard:
@@ -162,7 +164,8 @@ class ShardGroup:
                            os.getpid(), threads, COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S, quantize or "",
                            quantize_group_size or 0, kv_cache_dtype or "",
                            rope_scaling=rope_override.scaling if rope_override else "",
-                           rope_factor=rope_override.factor if rope_override else 0.0)
+                           rope_factor=rope_override.factor if rope_override else 0.0, lora_slots=lora_slots,
+                           lora_rank=lora_rank)
         pids, guards = _spawn(setup)
         logger.info("spawned %d shard processes (pids %s) for %s", num_shard - 1, pids, model_dir)
         return cls(num_shard, pids, guards, store, device)

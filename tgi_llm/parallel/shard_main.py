@@ -105,6 +105,11 @@ def serve(rank: int, setup: ShardSetup) -> int:
         rope = RopeOverride.from_flags(setup.rope_scaling or None, setup.rope_factor or None)
         model, config = load_model(setup.model_dir, dtype=getattr(torch, setup.dtype), device=device, shard=shard,
                                    quantization=quantization, rope_override=rope)
+        if setup.lora_slots:  # rank 0's plans name the slots and the adapters to read into them
+            from tgi_llm.lora.weights import ModelLora
+
+            model.attach_lora(ModelLora.allocate(config, setup.lora_slots, setup.lora_rank, device,
+                                                 torch.float32 if device.type == "cpu" else model.dtype, shard))
     except Exception as exc:
         store.set(f"tgi/error/{rank}", f"{type(exc).__name__}: {exc}")
         raise
