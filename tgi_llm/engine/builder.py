@@ -119,7 +119,7 @@ def _build_engine(opts: EngineOptions) -> Engine:
         torch.set_num_threads(os.cpu_count() or 1)
     model_dir = resolve_model_dir(opts.model_id)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lora_slots = lora_geometry(opts, model_dir)  # before shards spawn: they allocate them too
+    lora_slots = lora_geometry(opts)  # before shards spawn: they allocate them too
     shards = None
     if opts.num_shard > 1:  # MPI is imported on this path only: one shard runs in-process
         from tgi_llm.parallel import ShardGroup
@@ -195,25 +195,22 @@ def _build_engine(opts: EngineOptions) -> Engine:
     return engine
 
 
-def lora_geometry(opts: EngineOptions, model_dir: Path) -> tuple[int, int] | None:
+def lora_geometry(opts: EngineOptions) -> tuple[int, int] | None:
     """(slots, rank) of the LoRA slots every rank allocates, or None without LoRA: --max-loras (default: as many as
     --lora-adapters names, at least 1) and --max-lora-rank (default: the largest start-up adapter's rank, and at
     least 16 with runtime loading). A start-up adapter that cannot run on this model stops the start, naming it."""
-    from tgi_llm.lora.peft_adapter import AdapterError, read_adapter
+    from tgi_llm.lora.peft_adapter import AdapterError, adapter_rank
     from tgi_llm.lora.spec import parse_lora_adapters
 
     adapters = parse_lora_adapters(opts.lora_adapters)
     if not adapters and not opts.lora_runtime_loading:
         return None
-    from tgi_llm.models.registry import read_config_dir
-
-    config = read_config_dir(model_dir)
     max_rank = opts.max_lora_rank
     if max_rank is None:
         ranks = [16] if opts.lora_runtime_loading or not adapters else []
         for name, path in adapters.items():
             try:
-                ranks += [part.rank for part in read_adapter(path, config, 1 << 30)]
+                ranks.append(adapter_rank(path))
             except AdapterError as exc:
                 raise ArgumentValidationError(f"`lora_adapters` {name}: {exc}") from None
         max_rank = max(ranks)
@@ -232,12 +229,9 @@ def lora_registry(opts: EngineOptions, model, config, device: torch.device, geom
 
     if geometry is None:
         return None
-    if not hasattr(model, "attach_lora"):
-        raise ArgumentValidationError("LoRA adapters need a natively served model family; this model runs "
-                                      "through transformers")
     adapters = parse_lora_adapters(opts.lora_adapters)
     slots = ModelLora.allocate(config, *geometry, device, torch.float32 if device.type == "cpu" else model.dtype,
-                               shard or NO_SHARD)
+                               shard or NO_SHARD, model.lora_targets())
     model.attach_lora(slots)
     registry = LoraRegistry(slots.slots, slots.max_rank, slots.read, opts.lora_runtime_loading)
     for name, path in adapters.items():

@@ -18,16 +18,15 @@ from pathlib import Path
 
 import torch
 
-from tgi_llm.lora.targets import LoraTarget, layer_targets
+from tgi_llm.lora.targets import LayerTargets, LoraTarget, native_targets
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
 #: base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight (an adapter name before .weight in
-#: checkpoints saved with one)
-_KEY = re.compile(r"^(?:base_model\.model\.)?(?:model\.)?(?:language_model\.)?layers\.(\d+)\.(\w+)\.(\w+)"
-                  r"\.lora_([AB])(?:\.[\w-]+)?\.weight$")
+#: checkpoints saved with one): the layer, the module's path in it, A or B
+_KEY = re.compile(r"^(?:base_model\.model\.)?(?:[\w.]*\.)?layers\.(\d+)\.([\w.]+)\.lora_([AB])(?:\.[\w-]+)?\.weight$")
 
 
 class AdapterError(ValueError):
@@ -101,8 +100,27 @@ def read_config(directory: Path) -> AdapterConfig:
                          raw.get("base_model_name_or_path"))
 
 
-def read_adapter(directory: str | Path, model_config, max_rank: int, shard: Shard = NO_SHARD) -> list[AdapterPart]:
-    """Every part of the adapter at `directory`, checked against `model_config` and cut to `shard`."""
+def adapter_rank(directory: str | Path) -> int:
+    """The largest rank of the adapter's tensors (AdapterError where it has none to read)."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(directory) / WEIGHTS_FILE
+    read_config(Path(directory))
+    try:
+        with safe_open(str(path), "pt") as f:
+            ranks = [f.get_slice(key).get_shape()[0] for key in f.keys() if ".lora_A" in key]
+    except (SafetensorError, OSError) as exc:
+        raise AdapterError(f"{path}: {exc}") from None
+    if not ranks:
+        raise AdapterError(f"{path}: no LoRA tensors")
+    return max(ranks)
+
+
+def read_adapter(directory: str | Path, model_config, max_rank: int, shard: Shard = NO_SHARD,
+                 targets: LayerTargets | None = None) -> list[AdapterPart]:
+    """Every part of the adapter at `directory`, checked against the model and cut to `shard`. `targets`: what
+    each layer's modules reach (default: a native family's, from `model_config`)."""
+    targets = targets or native_targets(model_config)
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -128,37 +146,39 @@ def read_adapter(directory: str | Path, model_config, max_rank: int, shard: Shar
         if match is None:
             raise AdapterError(f"{path}: {key}: only the attention and MLP projections of the decoder layers "
                                "(q/k/v/o, gate/up/down) can take an adapter")
-        layer, block, module, side = int(match[1]), match[2], match[3], match[4]
-        pairs.setdefault((layer, block, module), {})[side] = tensor
+        layer, module, side = int(match[1]), match[2], match[3]
+        pairs.setdefault((layer, module), {})[side] = tensor
     parts: list[AdapterPart] = []
-    for (layer, block, module), ab in sorted(pairs.items()):
-        where = f"{path}: layer {layer} {block}.{module}"
+    for (layer, module), ab in sorted(pairs.items()):
+        where = f"{path}: layer {layer} {module}"
         if layer >= model_config.num_hidden_layers:
             raise AdapterError(f"{where}: the model has {model_config.num_hidden_layers} layers: the adapter was "
                                "made for another base model")
-        target = layer_targets(model_config, layer).get(module)
+        reachable = targets(layer)
+        target = reachable.get(module)
         if target is None:
             raise AdapterError(f"{where}: this model has no such module in that layer (it takes adapters on "
-                               f"{', '.join(layer_targets(model_config, layer))})")
+                               f"{', '.join(reachable)})")
+        part_index = target.part_of(module.rsplit(".", 1)[-1])
         if set(ab) != {"A", "B"}:
             raise AdapterError(f"{where}: lora_A and lora_B must both be present")
         a, b = ab["A"], ab["B"]
         rank = a.shape[0] if a.dim() == 2 else -1
-        out = sum(target.widths) if target.fused == module else target.widths[target.parts.index(module)]
+        out = sum(target.widths) if part_index is None else target.widths[part_index]
         if a.dim() != 2 or b.dim() != 2 or a.shape[1] != target.in_features or b.shape != (out, rank):
             raise AdapterError(f"{where}: lora_A {tuple(a.shape)} and lora_B {tuple(b.shape)} do not fit the "
                                f"model's {target.in_features} inputs and {out} outputs: the adapter was made for "
                                "another base model")
         if rank > max_rank:
             raise AdapterError(f"{where}: rank {rank} is over the server's `max_lora_rank` {max_rank}")
-        scale = config.scaling(f"model.layers.{layer}.{block}.{module}", rank)
+        scale = config.scaling(f"model.layers.{layer}.{module}", rank)
         b = b.float() * scale
         a = a.float()
-        if target.fused == module:  # every part takes the whole A and its rows of B
+        if part_index is None:  # the fused module: every part takes the whole A and its rows of B
             for i, piece in enumerate(b.split(list(target.widths), dim=0)):
                 parts.append(_sliced(layer, target, i, a, piece, shard))
         else:
-            parts.append(_sliced(layer, target, target.parts.index(module), a, b, shard))
+            parts.append(_sliced(layer, target, part_index, a, b, shard))
     if not parts:
         raise AdapterError(f"{path}: no LoRA tensors")
     return parts

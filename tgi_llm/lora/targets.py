@@ -8,6 +8,7 @@ the parts and each part takes the whole A. Torch-free.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -28,9 +29,23 @@ class LoraTarget:
     def modules(self) -> tuple[str, ...]:
         return (self.fused,) if self.fused else self.parts
 
+    def part_of(self, module: str) -> int | None:
+        """Which part a checkpoint module (its name in the layer's block) is; None for the fused module."""
+        return None if module == self.fused else self.parts.index(module)
+
+
+#: A layer's targets by the module's path inside the layer (self_attn.q_proj), for one layer index.
+LayerTargets = Callable[[int], dict[str, LoraTarget]]
+
+
+def native_targets(config) -> LayerTargets:
+    """The targets of a natively served family: the attention's and the dense MLP's projections."""
+    return lambda index: layer_targets(config, index)
+
 
 def layer_targets(config, index: int) -> dict[str, LoraTarget]:
-    """By PEFT module name (q_proj ... down_proj, or the fused names), what each reaches in layer `index`."""
+    """By module path in the layer (self_attn.q_proj ... mlp.down_proj, or the fused names), what each reaches
+    in layer `index`."""
     q, kv = config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim
     hidden, inter = config.hidden_size, config.intermediate_size
     targets = [
@@ -44,4 +59,5 @@ def layer_targets(config, index: int) -> dict[str, LoraTarget]:
                        "gate_up_proj" if config.fused_gate_up else None),
             LoraTarget("down", ("down_proj",), (hidden,), inter, "row"),
         ]
-    return {module: t for t in targets for module in t.modules()}
+    return {f"{'self_attn' if t.linear in ('qkv', 'o_proj') else 'mlp'}.{module}": t
+            for t in targets for module in t.modules()}

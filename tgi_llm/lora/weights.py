@@ -17,7 +17,7 @@ from functools import cached_property
 import torch
 
 from tgi_llm.lora.peft_adapter import AdapterPart, read_adapter
-from tgi_llm.lora.targets import layer_targets
+from tgi_llm.lora.targets import LayerTargets, native_targets
 from tgi_llm.native.abi import Lora
 from tgi_llm.weights.safetensors_loader import NO_SHARD, Shard
 
@@ -111,16 +111,18 @@ class ModelLora:
     slots: int
     max_rank: int
     shard: Shard = NO_SHARD
+    #: What each layer's modules reach (None: a native family's layers).
+    targets: LayerTargets | None = None
     layers: list[dict[str, LinearLora]] = field(default_factory=list)
 
     @classmethod
     def allocate(cls, config, slots: int, max_rank: int, device: torch.device, dtype: torch.dtype,
-                 shard: Shard = NO_SHARD) -> ModelLora:
+                 shard: Shard = NO_SHARD, targets: LayerTargets | None = None) -> ModelLora:
         n = shard.world_size
-        out = cls(config, slots, max_rank, shard)
+        out = cls(config, slots, max_rank, shard, targets)
         for index in range(config.num_hidden_layers):
             linears = {}
-            for target in {t.linear: t for t in layer_targets(config, index).values()}.values():
+            for target in {t.linear: t for t in (targets or native_targets(config))(index).values()}.values():
                 column = target.split == "column"
                 widths = tuple(w // n for w in target.widths) if column else target.widths
                 linears[target.linear] = LinearLora(slots, widths, max_rank,
@@ -131,7 +133,7 @@ class ModelLora:
 
     def read(self, path: str) -> list[AdapterPart]:
         """The adapter at `path` as this shard would hold it (AdapterError when it cannot run here)."""
-        return read_adapter(path, self.config, self.max_rank, self.shard)
+        return read_adapter(path, self.config, self.max_rank, self.shard, self.targets)
 
     def load(self, slot: int, path: str) -> None:
         """Put the adapter at `path` in `slot`, replacing what was there."""

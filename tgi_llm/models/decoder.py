@@ -213,6 +213,11 @@ class CausalLM(nn.Module):
         #: The resident LoRA adapters' weights (attach_lora; None: the server takes no adapters).
         self.lora: ModelLora | None = None
 
+    @staticmethod
+    def lora_targets() -> None:
+        """The linears adapters may change: the family's own (lora/targets.py)."""
+        return None
+
     def attach_lora(self, lora: ModelLora) -> None:
         """Give every layer its adapter slots (before the first forward: the fused stack reads them once)."""
         self.lora = lora

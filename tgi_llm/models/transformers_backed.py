@@ -16,6 +16,7 @@ models with layers that are not attention (state-space, linear attention): a war
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,15 @@ from torch import nn
 
 from tgi_llm.attention import AttentionBackend, select_attention_backend
 from tgi_llm.attention.metadata import AttentionMetadata
+from tgi_llm.lora.targets import LayerTargets, LoraTarget
+from tgi_llm.lora.weights import LinearLora, LoraBatch, ModelLora
 from tgi_llm.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
 
 ATTENTION = "tgi_llm_paged"
+#: A module inside a decoder layer: the layer's index and the module's path in it (model.layers.3.mlp.fc1).
+_IN_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.(.+)$")
 
 
 @dataclass
@@ -86,6 +91,39 @@ class TransformersCausalLM(nn.Module):
         self.attention_backend: AttentionBackend | None = None
         self.float_kernels = None  # the native models' C linears: not here
         self.checked = False
+        #: The resident LoRA adapters (attach_lora) and the forward's rows' slots, read by the linears' hooks.
+        self.lora: ModelLora | None = None
+        self._lora_batch: LoraBatch | None = None
+
+    def _layer_linears(self) -> dict[tuple[int, str], nn.Linear]:
+        """Every nn.Linear inside a decoder layer, by (layer, its path in the layer)."""
+        out = {}
+        for name, module in self.hf.named_modules():
+            match = _IN_LAYER.search(name)
+            if match and isinstance(module, nn.Linear):
+                out[(int(match[1]), match[2])] = module
+        return out
+
+    def lora_targets(self) -> LayerTargets:
+        """Adapters may change any linear of a decoder layer, named by its path there (PEFT's key)."""
+        by_layer: dict[int, dict[str, LoraTarget]] = {}
+        for (layer, path), module in self._layer_linears().items():
+            by_layer.setdefault(layer, {})[path] = LoraTarget(path, (path.rsplit(".", 1)[-1],), (module.out_features,),
+                                                              module.in_features, "column")
+        return lambda index: by_layer.get(index, {})
+
+    def attach_lora(self, lora: ModelLora) -> None:
+        """A forward hook on each linear adds its rows' adapter products to its output."""
+        self.lora = lora
+        for (layer, path), module in self._layer_linears().items():
+            linear = lora.layers[layer][path]
+            module.register_forward_hook(lambda _m, inputs, output, linear=linear: self._add_lora(linear, inputs,
+                                                                                                   output))
+
+    def _add_lora(self, linear: LinearLora, inputs: tuple, output: torch.Tensor) -> None:
+        if self._lora_batch is not None:
+            linear.add(inputs[0].reshape(-1, linear.in_features), output.view(-1, linear.out_features),
+                       self._lora_batch)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -97,15 +135,18 @@ class TransformersCausalLM(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], attn: AttentionMetadata) -> torch.Tensor:
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], attn: AttentionMetadata,
+                lora: LoraBatch | None = None) -> torch.Tensor:
         global _STEP
         if self.attention_backend is None:
             self.attention_backend = select_attention_backend(input_ids.device, attn.block_size)
         _STEP = step = _Step(kv_caches, attn, self.attention_backend)
+        self._lora_batch = lora
         try:
             out = self.hf.get_decoder()(input_ids=input_ids[None], position_ids=positions[None], use_cache=False)
         finally:
             _STEP = None
+            self._lora_batch = None
         if not self.checked:
             missing = self.config.num_hidden_layers - len(step.layers)
             if missing:
