@@ -242,6 +242,8 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(server, r
     after = read_metrics(server)
     assert gained("vllm:prefix_cache_queries", after) > gained("vllm:prefix_cache_hits", after)
     assert 0 <= metric(after, "vllm:kv_cache_usage_perc") <= 1
+    # --max-batch-total-tokens 16384: a pool of 1024 blocks of 16 tokens
+    assert metric(after, "vllm:cache_config_info", block_size="16", num_gpu_blocks="1024") == 1
     assert wait_until(lambda: kv_settled(server))
 
 

@@ -73,6 +73,12 @@ def test_prefix_cache_counters_advance_by_what_the_engine_counted_and_vllm_gauge
     assert f.value("vllm:kv_cache_usage_perc") == 0.4
 
 
+def test_the_cache_configuration_is_an_info_gauge():
+    metrics, f = make()
+    metrics.cache_config(16, 1024)
+    assert f.value("vllm:cache_config_info", block_size="16", num_gpu_blocks="1024") == 1
+
+
 def test_grammar_counters_and_mask_times():
     metrics, f = make()
     base = dict(queue_size=0, batch_size=0, batch_max_tokens=0, kv_blocks_total=10, kv_blocks_free=10, running=0)

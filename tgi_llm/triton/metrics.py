@@ -55,6 +55,8 @@ _GAUGES = {
     "vllm:num_requests_waiting": "Requests waiting to be admitted into the batch",
     "vllm:num_requests_running": "Requests in the running batch",
     "vllm:kv_cache_usage_perc": "Fraction of KV-cache blocks held by requests (0 to 1)",
+    "vllm:cache_config_info": "The KV cache's configuration in its labels (block_size in tokens, num_gpu_blocks: "
+                              "blocks in the pool, whatever the device); the value is 1",
     # The Gateway API Inference Extension's LoRA affinity reads its labels; the value is when they last changed.
     "vllm:lora_requests_info": "LoRA adapters: max_lora resident at once, running_lora_adapters and "
                                "waiting_lora_adapters (comma-separated); the value is the Unix time of the change",
@@ -158,6 +160,10 @@ class TgiMetrics:
             if delta > 0:
                 self._metric("tgi_lora_requests", adapter=name).increment(float(delta))
                 self._counter_totals[f"tgi_lora_requests:{name}"] = total
+
+    def cache_config(self, block_size: int, num_blocks: int) -> None:
+        """vLLM's cache_config_info, which the Gateway API Inference Extension reads for the pool's geometry."""
+        self._metric("vllm:cache_config_info", block_size=str(block_size), num_gpu_blocks=str(num_blocks)).set(1.0)
 
     def memory(self, account: Any) -> None:
         """A tgi_llm.memory.MemoryAccount: weights, the KV pool, and the rest of the resident memory."""

@@ -40,6 +40,7 @@ class TritonPythonModel:
         limits = engine.limits
         logger.info("engine ready: %s", limits)
         metrics = TgiMetrics(pb_family_factory(pb_utils), limits.max_input_tokens, limits.max_total_tokens)
+        metrics.cache_config(limits.block_size, limits.num_blocks)
         if hasattr(engine, "memory_account"):
             metrics.memory(engine.memory_account())
         responder = Responder(PbResponses(pb_utils), metrics, engine.stats, engine.drain_step_stats,
