@@ -92,7 +92,7 @@ class TgiMetrics:
         }
         self._metrics: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
         self._gauge_values: dict[str, float] = {}
-        self._counter_totals: dict[str, float] = {}
+        self._counter_totals: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
 
     def _metric(self, name: str, **labels: str) -> Any:
         key = (name, tuple(sorted(labels.items())))
@@ -156,10 +156,7 @@ class TgiMetrics:
                 del self._metrics[old]
             self._metric("vllm:lora_requests_info", **labels).set(time.time())
         for name, total in lora.requests_total.items():
-            delta = total - self._counter_totals.get(f"tgi_lora_requests:{name}", 0)
-            if delta > 0:
-                self._metric("tgi_lora_requests", adapter=name).increment(float(delta))
-                self._counter_totals[f"tgi_lora_requests:{name}"] = total
+            self._advance("tgi_lora_requests", total, adapter=name)
 
     def cache_config(self, block_size: int, num_blocks: int) -> None:
         """vLLM's cache_config_info, which the Gateway API Inference Extension reads for the pool's geometry."""
@@ -183,12 +180,13 @@ class TgiMetrics:
             self._metric("tgi_batch_inference_count", method=method).increment(float(n))
             self._metric("tgi_batch_inference_success", method=method).increment(float(n))
 
-    def _advance(self, name: str, total: float) -> None:
+    def _advance(self, name: str, total: float, **labels: str) -> None:
         """A counter the engine keeps as a running total: add what it gained since the last reading."""
-        delta = total - self._counter_totals.get(name, 0)
+        key = (name, tuple(sorted(labels.items())))
+        delta = total - self._counter_totals.get(key, 0)
         if delta > 0:
-            self._metric(name).increment(float(delta))
-            self._counter_totals[name] = total
+            self._metric(name, **labels).increment(float(delta))
+            self._counter_totals[key] = total
 
     def close(self) -> None:
         """Drop every metric and family now. Their destructors talk to tritonserver through the stub's shared
