@@ -4,7 +4,9 @@ stub process is rank 0 and spawns the shard ranks over MPI."""
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import threading
 
 import pytest
@@ -82,6 +84,33 @@ def test_killing_a_shard_under_triton_fails_every_stream_and_leaves_no_process(t
     assert server.process.returncode != 0
     log = server.log_path.read_text(errors="replace")
     assert "successfully unloaded 'tgi_llm'" in log and "ShardFailed" in log, server.log_tail()
+    assert not any(pid_alive(p) for p in ours)
+
+
+def test_three_ranks_on_a_hostfile_through_the_launcher_give_the_greedy_text_of_one(tmp_path, tiny_llama_by3_dir):
+    """--shard-hosts through the real server: a hostfile naming this host twice (as two nodes would be named)
+    reaches MPI_Comm_spawn from the model process; the ranks meet at this host's name, watch each other by
+    heartbeat, and give one shard's tokens."""
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost:1\nlocalhost:1\n", encoding="utf-8")
+    before = set(shard_pids_of_any_parent())
+    server = start(tmp_path, "--model-id", str(tiny_llama_by3_dir), "--num-shard", "3", "--shard-hosts",
+                   str(hostfile), "--on-model-failure", "exit")
+    try:
+        ours = set(shard_pids_of_any_parent()) - before
+        assert len(ours) == 4  # two shard ranks: each a guard and the shard process
+        got = [grpc_generate(server, p, stream=False, max_tokens=16) for p in PROMPTS]
+    finally:
+        code = server.stop()
+    assert code == 0, server.log_tail()
+    log = server.log_path.read_text(errors="replace")
+    host = socket.gethostname()  # the default --shard-master-addr with --shard-hosts, and where both ranks ran
+    assert re.search(rf"spawned 2 shard processes \(pids \[\d+, \d+\] on {host}, {host}\) for .*; rank 0's "
+                     rf"store at {host}:\d+", log), server.log_tail()
+    with LLM(str(tiny_llama_by3_dir), max_total_tokens=512) as one:
+        want = [r.text for r in one.generate(PROMPTS, {"max_new_tokens": 16})]
+    assert [g.error for g in got] == [None, None]
+    assert [g.text for g in got] == want
     assert not any(pid_alive(p) for p in ours)
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import queue
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -247,17 +249,20 @@ def test_an_idle_shard_dying_marks_the_engine_unhealthy(tiny_llama_dir):
 RANK0 = textwrap.dedent("""
     import sys, time
     from tgi_llm import LLM
-    llm = LLM(sys.argv[1], num_shard=2, kv_cache_memory_gb=0.02, max_total_tokens=128)
+    llm = LLM(sys.argv[1], num_shard=2, shard_hosts=sys.argv[2] or None, kv_cache_memory_gb=0.02,
+              max_total_tokens=128)
     print(*llm.engine.runner.group.pids, flush=True)
     time.sleep(600)
 """)
 
 
-def test_rank0_dying_ends_its_shards_and_spares_its_process_group(tiny_llama_dir):
+@pytest.mark.parametrize("hosts", ["", "localhost"], ids=["one-host", "shard-hosts"])
+def test_rank0_dying_ends_its_shards_and_spares_its_process_group(tiny_llama_dir, hosts):
     """MPICH's process manager SIGKILLs the process group of an MPI job whose process died; rank 0's
-    group (tritonserver's, in Triton) must survive it, and the shards must not outlive rank 0."""
-    group = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0" "$1" & sleep 600', RANK0, str(tiny_llama_dir)],
-                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    group (tritonserver's, in Triton) must survive it, and the shards must not outlive rank 0 (with
+    --shard-hosts they cannot watch its pid: rank 0's store going away ends them)."""
+    group = subprocess.Popen(["sh", "-c", f'"{sys.executable}" -c "$0" "$1" "$2" & sleep 600', RANK0,
+                              str(tiny_llama_dir), hosts], stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         rank0 = None
         line = group.stdout.readline()  # the shard pids, once the model is up
@@ -311,6 +316,58 @@ except RuntimeError as exc:
     assert out.returncode == 0
     assert set(Path("/dev/shm").glob("mpich_shm_*")) <= before  # MPI's segment is not left behind
     assert list(tmp_path.glob("tgi-llm-mpiexec-*")) == []
+
+
+# ---- --shard-hosts: the multi-host path, on this host under two names ----
+
+def test_three_ranks_placed_by_a_hostfile_match_one_and_a_dead_shard_is_noticed_without_its_pid(
+        tiny_model_factory, tmp_path, monkeypatch):
+    """A hostfile naming localhost twice puts ranks 1 and 2 through MPICH's `hostfile` spawn key. With it the
+    ranks rendezvous at this host's name (not 127.0.0.1) and watch each other by heartbeat: an idle shard that
+    dies is noticed by its silence, and stop() leaves no process."""
+    model_dir = tiny_model_factory("llama", hidden_size=96, num_attention_heads=6, num_key_value_heads=3,
+                                   intermediate_size=192, vocab_size=258)  # splits by 3
+    (tmp_path / "hosts").write_text("localhost:1\n# the same host again, as a second node\nlocalhost\n")
+    prompts = random_prompts([17, 5], vocab=258)
+    want = unsharded_logits(model_dir, prompts)
+    monkeypatch.setattr(launch, "HEARTBEAT_TIMEOUT_S", 3.0)
+    group = ShardGroup.launch(3, model_dir, torch.float32, CPU, shard_hosts=str(tmp_path / "hosts"))
+    try:
+        assert group.heartbeats is not None and group.hosts == [socket.gethostname()] * 2
+        assert group.local_pids == group.pids  # this host: they can still be killed if they hang
+        model, config = load_model(model_dir, shard=group.shard)
+        caches = allocate_kv_cache(group.cache_config(config), NUM_BLOCKS, BLOCK)
+        runner = ShardedModelRunner(group, model, caches, BLOCK, config.vocab_size, CPU)
+        got = prefill_then_decode(lambda plan: runner.forward_plan(plan)[1], prompts)
+        for g, w in zip(got, want, strict=True):
+            assert rel_err(g, w) < 1e-4
+        assert group.failure is None
+        os.kill(group.pids[1], signal.SIGKILL)
+        assert wait_for(lambda: group.failure is not None)
+        assert "shard 2" in group.failure and "silent for" in group.failure, group.failure
+    finally:
+        group.stop()
+    assert shard_pids() == []
+
+
+def test_a_host_that_cannot_be_reached_fails_the_launch_naming_the_hosts(tiny_llama_dir, tmp_path):
+    """The `host` spawn key reaches MPICH: hydra tries to start a proxy on the named host (over ssh), which
+    cannot resolve, and the spawn timeout turns the hang into an error that says what every host needs."""
+    code = f"""
+from tgi_llm import LLM
+try:
+    LLM({str(tiny_llama_dir)!r}, num_shard=2, shard_hosts="no-such-host.invalid", kv_cache_memory_gb=0.02)
+except RuntimeError as exc:
+    print("raised:", exc)
+"""
+    env = dict(os.environ, TGI_SHARD_SPAWN_TIMEOUT_S="5", TMPDIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=HANG_GUARD_S)
+    assert "raised: shard processes did not start within 5s" in out.stdout, out.stdout + out.stderr
+    assert "on every host of `shard_hosts` (no-such-host.invalid)" in out.stdout
+    if shutil.which("ssh"):
+        assert "no-such-host.invalid" in out.stderr  # ssh's own complaint, through hydra
+    assert out.returncode == 0
 
 
 # ---- the real default model: 9 attention heads, 3 KV heads ----

@@ -26,15 +26,18 @@ def backend_for(device: torch.device) -> str:
 
 
 def init_groups(store: dist.Store, rank: int, world_size: int, device: torch.device,
-                collective_timeout_s: float) -> dist.ProcessGroup:
+                collective_timeout_s: float, loopback: bool = True) -> dist.ProcessGroup:
     """Join the default group (the model's all-reduces, with a timeout so that a hung shard fails the
-    step instead of hanging it) and return the plan group. Every rank calls this in the same order."""
+    step instead of hanging it) and return the plan group. Every rank calls this in the same order.
+    `loopback`: every rank is on this host (no --shard-hosts)."""
     if dist.is_initialized():
         raise RuntimeError("torch.distributed is already initialized in this process: one sharded model "
                            "per process")
-    # Ranks all live on this host (MPI spawns them here): keep gloo off whatever interface the
-    # hostname resolves to.
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if loopback:
+        # Ranks all live on this host (MPI spawns them here): keep gloo off whatever interface the
+        # hostname resolves to. Across hosts gloo takes GLOO_SOCKET_IFNAME from the environment (hydra
+        # passes rank 0's on), else the address the host name resolves to.
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     step_timeout = timedelta(seconds=collective_timeout_s)
     dist.init_process_group(backend_for(device), store=dist.PrefixStore("tgi/pg", store), rank=rank,
                             world_size=world_size, timeout=step_timeout,

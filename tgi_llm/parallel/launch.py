@@ -20,6 +20,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -27,7 +28,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from tgi_llm.models.config import ModelConfig
 from tgi_llm.models.registry import read_config_dir
 from tgi_llm.models.rope_override import RopeOverride
 from tgi_llm.parallel.comm import SETUP, STOP, PlanChannel, destroy_groups, init_groups
+from tgi_llm.parallel.hosts import ShardHosts, check_shard_hosts
 from tgi_llm.parallel.mpi_shm import unlink_mapped_segments
 from tgi_llm.procfs import pid_alive
 from tgi_llm.weights.safetensors_loader import Shard
@@ -54,6 +56,13 @@ START_TIMEOUT_S = float(os.environ.get("TGI_SHARD_START_TIMEOUT_S", "600"))
 #: The spawned processes must check in (MPI hand-shake, no torch yet) within this.
 SPAWN_TIMEOUT_S = float(os.environ.get("TGI_SHARD_SPAWN_TIMEOUT_S", "120"))
 POLL_S = 0.2
+#: Rank 0's TCP store listens on this port (0: one the kernel picks). Pin it where a firewall sits between hosts.
+STORE_PORT = int(os.environ.get("TGI_SHARD_STORE_PORT", "0"))
+#: With --shard-hosts no rank can watch another's pid: each shard bumps a counter on rank 0's store every
+#: HEARTBEAT_S, and rank 0 takes one silent for HEARTBEAT_TIMEOUT_S (SPAWN_TIMEOUT_S before its first beat)
+#: as gone. A shard that cannot reach the store takes rank 0 as gone.
+HEARTBEAT_S = 1.0
+HEARTBEAT_TIMEOUT_S = float(os.environ.get("TGI_SHARD_HEARTBEAT_TIMEOUT_S", "10"))
 #: Why MPI can no longer spawn in this process, once it cannot: MPICH crashes in MPI_Comm_spawn after a
 #: process it spawned died by a signal (our guards never do, unless killed).
 _SPAWN_BROKEN: str | None = None
@@ -79,6 +88,8 @@ class ShardSetup:
     rope_factor: float = 0.0
     lora_slots: int = 0  # --max-loras and --max-lora-rank as rank 0 resolved them (0: no LoRA)
     lora_rank: int = 0
+    store_host: str = "127.0.0.1"  # where shards reach rank 0's TCP store (--shard-master-addr)
+    multi_host: bool = False  # --shard-hosts: ranks may be on other hosts: heartbeats instead of pids, no loopback
 
 
 def check_tp_split(config: ModelConfig, num_shard: int, model: str = "the model") -> None:
@@ -122,23 +133,56 @@ def _kill_all(pids: list[int]) -> None:
             pass
 
 
+@dataclass
+class Heartbeats:
+    """Rank 0's view of the shards' heartbeat counters on its store (--shard-hosts, where pids say nothing).
+    Its own store connection: the watch thread and the start-up poll share it under the lock."""
+
+    client: dist.TCPStore
+    world_size: int
+    started: float = field(default_factory=time.monotonic)
+    last: dict[int, tuple[int, float]] = field(default_factory=dict)  # rank -> (count, when it last changed)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def silent(self) -> list[tuple[int, float]]:
+        """The shards silent past their limit, with the seconds since each was last heard from."""
+        now, out = time.monotonic(), []
+        with self.lock:
+            for rank in range(1, self.world_size):
+                count = self.client.add(f"tgi/beat/{rank}", 0)
+                seen, since = self.last.get(rank, (0, self.started))
+                if count != seen:
+                    self.last[rank] = (count, now)
+                elif now - since > (HEARTBEAT_TIMEOUT_S if count else SPAWN_TIMEOUT_S):
+                    out.append((rank, now - since))
+        return out
+
+
 class ShardGroup:
     """Ranks 1..N-1 of one sharded model, seen from rank 0 (this process)."""
 
     def __init__(self, num_shard: int, pids: list[int], guards: list[int], store: dist.TCPStore,
-                 device: torch.device) -> None:
+                 device: torch.device, hosts: list[str] | None = None, heartbeats: Heartbeats | None = None) -> None:
         self.shard = Shard(0, num_shard)
-        self.pids = pids  # the shard processes, rank order
+        self.pids = pids  # the shard processes, rank order (a shard on another host: its pid there)
         self.guards = guards  # their MPI-facing parents, which exit right after them
+        self.hosts = hosts or [socket.gethostname()] * len(pids)  # each shard's host name, rank order
         self.store = store
         self.device = device
+        self.heartbeats = heartbeats  # None: every shard is on this host, watched by pid
+        here = socket.gethostname()
+        # The processes this one can see, wait for and kill: all of them unless --shard-hosts was given.
+        local = [i for i, host in enumerate(self.hosts) if heartbeats is None or host == here]
+        self.local_pids = [pids[i] for i in local]
+        self.local_guards = [guards[i] for i in local]
         self.channel: PlanChannel | None = None
         self.failure: str | None = None
         self._callbacks: list[Callable[[str], None]] = []
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        # Should rank 0 fail between spawn and stop (a bad weight file), no shard outlives this object.
-        self._finalizer = weakref.finalize(self, _kill_all, list(pids))  # guards follow by themselves
+        # Should rank 0 fail between spawn and stop (a bad weight file), no shard outlives this object (one on
+        # another host sees the store close with it, and exits).
+        self._finalizer = weakref.finalize(self, _kill_all, list(self.local_pids))  # guards follow by themselves
         threading.Thread(target=self._watch, name="tgi-shard-watch", daemon=True).start()
 
     # ---- start-up ----
@@ -146,10 +190,18 @@ class ShardGroup:
     def launch(cls, num_shard: int, model_dir: str | Path, dtype: torch.dtype, device: torch.device,
                model_name: str | None = None, quantize: str | None = None,
                quantize_group_size: int | None = None, kv_cache_dtype: str | None = None,
-               rope_override: RopeOverride | None = None, lora_slots: int = 0, lora_rank: int = 0) -> ShardGroup:
+               rope_override: RopeOverride | None = None, lora_slots: int = 0, lora_rank: int = 0,
+               shard_hosts: str | None = None, master_addr: str | None = None) -> ShardGroup:
+        """`shard_hosts` / `master_addr`: --shard-hosts and --shard-master-addr (hosts.py); without them every
+        rank runs on this host and talks over loopback."""
         config = read_config_dir(model_dir)
         check_tp_split(config, num_shard, model_name or str(model_dir))
-        if device.type == "cuda" and torch.cuda.device_count() < (device.index or 0) + num_shard:
+        try:
+            hosts = check_shard_hosts(shard_hosts, master_addr, num_shard)
+        except ValueError as exc:
+            raise ArgumentValidationError(str(exc)) from None
+        # With other hosts, only the shards placed here share this host's GPUs: each checks its own device.
+        if device.type == "cuda" and hosts is None and torch.cuda.device_count() < (device.index or 0) + num_shard:
             raise ArgumentValidationError(
                 f"`num_shard` {num_shard} needs one GPU per shard; {torch.cuda.device_count()} visible")
         if _SPAWN_BROKEN is not None:
@@ -158,17 +210,37 @@ class ShardGroup:
         threads = max(1, (os.cpu_count() or 1) // num_shard)
         if device.type == "cpu" and os.environ.get("OMP_NUM_THREADS") is None:
             torch.set_num_threads(threads)  # the ranks share the cores
-        store = dist.TCPStore("127.0.0.1", 0, num_shard, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=START_TIMEOUT_S))
-        setup = ShardSetup(str(model_dir), str(dtype).removeprefix("torch."), str(device), num_shard, store.port,
+        # torch's store listens on every interface whatever the address: the address is what the shards dial.
+        store_host = master_addr or (socket.gethostname() if hosts else "127.0.0.1")
+        try:
+            store = dist.TCPStore(store_host, STORE_PORT, num_shard, is_master=True, wait_for_workers=False,
+                                  timeout=timedelta(seconds=START_TIMEOUT_S))
+        except Exception as exc:
+            raise RuntimeError(f"rank 0's TCP store on port {STORE_PORT} (TGI_SHARD_STORE_PORT): {exc}") from exc
+        setup = ShardSetup(os.path.abspath(model_dir) if hosts else str(model_dir),  # a remote cwd differs
+                           str(dtype).removeprefix("torch."), str(device), num_shard, store.port,
                            os.getpid(), threads, COLLECTIVE_TIMEOUT_S, START_TIMEOUT_S, quantize or "",
                            quantize_group_size or 0, kv_cache_dtype or "",
                            rope_scaling=rope_override.scaling if rope_override else "",
                            rope_factor=rope_override.factor if rope_override else 0.0, lora_slots=lora_slots,
-                           lora_rank=lora_rank)
-        pids, guards = _spawn(setup)
-        logger.info("spawned %d shard processes (pids %s) for %s", num_shard - 1, pids, model_dir)
-        return cls(num_shard, pids, guards, store, device)
+                           lora_rank=lora_rank, store_host=store_host, multi_host=hosts is not None)
+        heartbeats = None
+        if hosts is not None:  # before the spawn: nothing may fail between it and the ShardGroup that stops them
+            heartbeats = Heartbeats(dist.TCPStore(store_host, store.port, is_master=False, wait_for_workers=False,
+                                                  timeout=timedelta(seconds=START_TIMEOUT_S)), num_shard)
+        pids, guards, hostnames = _spawn(setup, hosts)
+        if heartbeats is not None:
+            heartbeats.started = time.monotonic()  # the first-beat grace counts from the hand-shake
+        logger.info("spawned %d shard processes (pids %s on %s) for %s; rank 0's store at %s:%d", num_shard - 1,
+                    pids, ", ".join(hostnames), model_dir, store_host, store.port)
+        return cls(num_shard, pids, guards, store, device, hostnames, heartbeats)
+
+    def dead_shards(self) -> list[str]:
+        """Each shard known to be gone: by pid on one host, by its heartbeat with --shard-hosts."""
+        if self.heartbeats is None:
+            return [f"shard {r} (pid {p}) exited" for r, p in enumerate(self.pids, start=1) if not pid_alive(p)]
+        return [f"shard {r} (pid {self.pids[r - 1]} on {self.hosts[r - 1]}) silent for {silent:.0f}s "
+                "(TGI_SHARD_HEARTBEAT_TIMEOUT_S)" for r, silent in self.heartbeats.silent()]
 
     def cache_config(self, config: ModelConfig) -> ModelConfig:
         return local_config(config, self.shard.world_size)
@@ -187,15 +259,17 @@ class ShardGroup:
         deadline = time.monotonic() + START_TIMEOUT_S
         ready = [f"tgi/ready/{r}" for r in range(1, self.shard.world_size)]
         while not self.store.check(ready):
-            for r, pid in enumerate(self.pids, start=1):
+            for r in range(1, self.shard.world_size):
                 if self.store.check([f"tgi/error/{r}"]):
                     raise RuntimeError(f"shard {r} failed to start: {self.store.get(f'tgi/error/{r}').decode()}")
-                if not pid_alive(pid):
-                    raise RuntimeError(f"shard {r} (pid {pid}) exited during start-up")
+            dead = self.dead_shards()
+            if dead:
+                raise RuntimeError(f"{'; '.join(dead)} during start-up")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"shards not ready after {START_TIMEOUT_S:.0f}s (TGI_SHARD_START_TIMEOUT_S)")
             time.sleep(POLL_S)
-        plan_group = init_groups(self.store, 0, self.shard.world_size, self.device, COLLECTIVE_TIMEOUT_S)
+        plan_group = init_groups(self.store, 0, self.shard.world_size, self.device, COLLECTIVE_TIMEOUT_S,
+                                 loopback=self.heartbeats is None)
         self.channel = PlanChannel(plan_group)
         self.channel.send(SETUP, torch.tensor([num_blocks, block_size], dtype=torch.int32))
 
@@ -209,10 +283,14 @@ class ShardGroup:
         with self._lock:
             if self.failure is not None:
                 return self.failure
-            # A killed peer's sockets close a moment before /proc shows it gone: look again briefly.
-            deadline = time.monotonic() + 1.0
+            # A killed peer's sockets close a moment before /proc shows it gone: look again briefly. (A heartbeat
+            # takes seconds to miss: once is enough.)
+            deadline = time.monotonic() + (1.0 if self.heartbeats is None else 0.0)
             while True:
-                dead = [f"shard {r} (pid {p}) exited" for r, p in enumerate(self.pids, 1) if not pid_alive(p)]
+                try:
+                    dead = self.dead_shards()
+                except Exception:  # the heartbeats unreadable: the reason stands alone
+                    dead = []
                 if dead or time.monotonic() > deadline:
                     break
                 time.sleep(0.02)
@@ -228,7 +306,13 @@ class ShardGroup:
     def _watch(self) -> None:
         """Notice a shard dying while no step is running (a step notices by itself)."""
         while not self._stopping.wait(POLL_S):
-            if self.failure is None and any(not pid_alive(pid) for pid in self.pids):
+            try:
+                dead = self.failure is None and self.dead_shards()
+            except Exception as exc:  # reading the heartbeats off this process's own store
+                if not self._stopping.is_set():
+                    self.fail(f"cannot read the shards' heartbeats: {exc}")
+                return
+            if dead:
                 self.fail("a shard process exited")
 
     # ---- shutdown ----
@@ -240,20 +324,24 @@ class ShardGroup:
         self._stopping.set()
         if timeout is None:
             timeout = 10.0 if self.failure is None else 2.0
+        if self.heartbeats is not None:
+            # A shard on another host cannot be killed from here: its heartbeat sees this key and gives it
+            # `HEARTBEAT_TIMEOUT_S` to exit by itself (it does at once on STOP; a hung one, after that).
+            self.store.set("tgi/stop", "1")
         if self.channel is not None and self.failure is None:
             try:
                 self.channel.send(STOP)
             except Exception as exc:  # a shard already gone: the kill below covers it
                 logger.warning("stop message not delivered: %s", exc)
-        if not _wait_gone(self.pids, timeout):
-            left = [p for p in self.pids if pid_alive(p)]
+        if not _wait_gone(self.local_pids, timeout):
+            left = [p for p in self.local_pids if pid_alive(p)]
             logger.warning("killing shard processes %s that did not stop", left)
             _kill_all(left)
         # A guard exits by itself once its shard is gone; killing it would cost this process its MPI.
-        if not _wait_gone(self.guards, 10.0):
+        if not _wait_gone(self.local_guards, 10.0):
             global _SPAWN_BROKEN
-            _SPAWN_BROKEN = f"shard guard processes {self.guards} had to be killed"
-            _kill_all(self.guards)
+            _SPAWN_BROKEN = f"shard guard processes {self.local_guards} had to be killed"
+            _kill_all(self.local_guards)
         self._finalizer.detach()
         destroy_groups()
 
@@ -302,9 +390,15 @@ def _mpiexec_shim() -> Iterator[None]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _spawn(setup: ShardSetup) -> tuple[list[int], list[int]]:
-    """Start ranks 1..N-1 and hand them `setup`; returns the pids of their shard processes and of the
-    MPI-facing guards that wait on them (see shard_main).
+def spawn_info(hosts: ShardHosts | None) -> dict[str, str]:
+    """The MPI_Comm_spawn info keys: none without --shard-hosts (MPI's default: every rank on this host); else
+    the placement, and the package root as working directory (it exists on every host, as it must)."""
+    return hosts.spawn_info(str(PACKAGE_ROOT)) if hosts else {}
+
+
+def _spawn(setup: ShardSetup, hosts: ShardHosts | None = None) -> tuple[list[int], list[int], list[str]]:
+    """Start ranks 1..N-1 (on `hosts`, else here) and hand them `setup`; returns the pids of their shard
+    processes and of the MPI-facing guards that wait on them (see shard_main), and the host of each.
 
     MPI_Comm_spawn waits for the children to connect, forever if one cannot start (a wrong Python, a
     broken install): the hand-shake runs on a thread and a timeout turns that into an error."""
@@ -312,7 +406,7 @@ def _spawn(setup: ShardSetup) -> tuple[list[int], list[int]]:
 
     def run() -> None:
         try:
-            result["pids"] = _spawn_and_handshake(setup)
+            result["pids"] = _spawn_and_handshake(setup, spawn_info(hosts))
         except BaseException as exc:
             result["error"] = exc
 
@@ -323,29 +417,44 @@ def _spawn(setup: ShardSetup) -> tuple[list[int], list[int]]:
     if thread.is_alive():
         global _SPAWN_BROKEN
         _SPAWN_BROKEN = "an earlier spawn never completed"
+        remote = (f"; on every host of `shard_hosts` ({', '.join(h.host for h in hosts.hosts)}), reached by "
+                  "MPICH's hydra over ssh without a password (or HYDRA_LAUNCHER), at the same path") if hosts else ""
         raise RuntimeError(f"shard processes did not start within {SPAWN_TIMEOUT_S:.0f}s: `{_python()} -m "
-                           "tgi_llm.parallel.shard_main` must run (TGI_SHARD_PYTHON names the Python to use)")
+                           f"tgi_llm.parallel.shard_main` must run{remote} (TGI_SHARD_PYTHON names the Python to "
+                           "use)")
     if "error" in result:
         raise result["error"]  # type: ignore[misc]
     return result["pids"]  # type: ignore[return-value]
 
 
-def _spawn_and_handshake(setup: ShardSetup) -> tuple[list[int], list[int]]:
-    """MPI is imported here only."""
+def _spawn_and_handshake(setup: ShardSetup, info: dict[str, str]) -> tuple[list[int], list[int], list[str]]:
+    """MPI is imported here only. `info`: the MPI_Comm_spawn info keys (none on one host)."""
     import mpi4py
 
     mpi4py.rc.finalize = False  # MPI_Finalize at exit crashes once a spawned rank has died
     from mpi4py import MPI
 
-    with _mpiexec_shim():
-        inter = MPI.COMM_SELF.Spawn(_python(), args=["-m", "tgi_llm.parallel.shard_main", f"--parent={os.getpid()}"],
-                                    maxprocs=setup.world_size - 1)
+    mpi_info = MPI.INFO_NULL
+    if info:
+        mpi_info = MPI.Info.Create()
+        for key, value in info.items():
+            mpi_info.Set(key, value)
+    try:
+        with _mpiexec_shim():
+            inter = MPI.COMM_SELF.Spawn(_python(), args=["-m", "tgi_llm.parallel.shard_main",
+                                                         f"--parent={os.getpid()}"],
+                                        maxprocs=setup.world_size - 1, info=mpi_info)
+    finally:
+        if info:
+            mpi_info.Free()
     try:
         comm = inter.Merge(high=False)  # rank 0 here, shards 1..N-1 in spawn order
         comm.bcast(asdict(setup), root=0)  # plain values: the shard's MPI side never imports torch
-        guards, shards = zip(*comm.gather(None, root=0)[1:], strict=True)
+        # Every rank learns every rank's host: a shard's GPU is its index among the ranks on its host.
+        ranks = comm.allgather((os.getpid(), os.getpid(), socket.gethostname()))[1:]
+        guards, shards, hostnames = zip(*ranks, strict=True)
         comm.Disconnect()
     finally:
         inter.Disconnect()
     unlink_mapped_segments()
-    return list(shards), list(guards)
+    return list(shards), list(guards), list(hostnames)

@@ -2,7 +2,11 @@
 finalize (launch.py says why). Each MPI process here maps a segment of its own at MPI init and nobody
 opens it by name once the hand-shake is over, so each process unlinks the segments it has mapped right
 after: the memory stays valid while mapped and is freed when the process exits, instead of staying in
-/dev/shm (1-2 MB per process, for every start of a sharded model, until reboot)."""
+/dev/shm (1-2 MB per process, for every start of a sharded model, until reboot).
+
+With --shard-hosts this holds on every host: a segment lives in its own host's /dev/shm, MPICH shares memory
+only among the processes of one host (across hosts it uses the network), and each process removes only the
+segments it has mapped itself, read from its own /proc/self/maps."""
 
 from __future__ import annotations
 

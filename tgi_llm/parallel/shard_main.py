@@ -6,7 +6,8 @@ every plan rank 0 broadcasts until told to stop. The guard exists because MPICH'
 a rank that dies by a signal (SIGKILL, a segfault, the OOM killer) as the job failing, and rank 0's next
 `Spawn` then crashes; the guard turns any death of the shard into a plain exit. The shard exits when
 rank 0 or the guard disappears, and on any error (rank 0 notices through a failed collective or its
-liveness watch).
+liveness watch). On one host the shard watches rank 0's pid; with --shard-hosts rank 0 may be on another
+host, and a heartbeat thread on rank 0's store stands in for the pid on both sides (`_heartbeat`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import sys
 import threading
 import time
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tgi_llm.parallel.shard")
 
 
-def _handshake(shard_pid: int) -> tuple[int, dict]:
+def _handshake(shard_pid: int) -> tuple[int, dict, list[str]]:
     import mpi4py
 
     mpi4py.rc.finalize = False  # see _leave_pmi: MPI is done with once the hand-shake is over
@@ -40,13 +42,13 @@ def _handshake(shard_pid: int) -> tuple[int, dict]:
         raise SystemExit("tgi_llm.parallel.shard_main is started by rank 0 over MPI, not by hand")
     comm = parent.Merge(high=True)
     setup = comm.bcast(None, root=0)
-    comm.gather((os.getpid(), shard_pid), root=0)
+    hostnames = [host for _, _, host in comm.allgather((os.getpid(), shard_pid, socket.gethostname()))]
     rank = comm.Get_rank()
     comm.Disconnect()
     parent.Disconnect()
     _leave_pmi()
     unlink_mapped_segments()
-    return rank, setup
+    return rank, setup, hostnames
 
 
 def _leave_pmi() -> None:
@@ -74,7 +76,36 @@ def _exit_with_parent(parent_pid: int) -> None:
     os._exit(3)
 
 
-def serve(rank: int, setup: ShardSetup) -> int:
+def _heartbeat(setup: ShardSetup, rank: int) -> None:
+    """--shard-hosts: bump tgi/beat/<rank> on rank 0's store every HEARTBEAT_S, so that rank 0 can tell this
+    shard is alive without seeing its pid. A store that cannot be reached means rank 0 is gone; once rank 0
+    has stopped the group (tgi/stop), a shard still running after HEARTBEAT_TIMEOUT_S is hung: exit. Its own
+    store connection, so it never waits behind the main thread's."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from tgi_llm.parallel.launch import HEARTBEAT_S, HEARTBEAT_TIMEOUT_S
+
+    where = f"{setup.store_host}:{setup.store_port}"
+    try:
+        client = dist.TCPStore(setup.store_host, setup.store_port, is_master=False, wait_for_workers=False,
+                               timeout=timedelta(seconds=HEARTBEAT_TIMEOUT_S))
+        stopped_at = None
+        while True:
+            client.add(f"tgi/beat/{rank}", 1)
+            if stopped_at is None and client.check(["tgi/stop"]):
+                stopped_at = time.monotonic()
+            if stopped_at is not None and time.monotonic() - stopped_at > HEARTBEAT_TIMEOUT_S:
+                logger.error("still running %.0fs after rank 0 stopped the shards; exiting", HEARTBEAT_TIMEOUT_S)
+                os._exit(3)
+            time.sleep(HEARTBEAT_S)
+    except Exception as exc:
+        logger.error("rank 0's store at %s is gone (%s); exiting", where, exc)
+        os._exit(3)
+
+
+def serve(rank: int, setup: ShardSetup, hostnames: list[str] | None = None) -> int:
     """Load, rendezvous, run plans. Returns the exit code."""
     from datetime import timedelta
 
@@ -85,6 +116,7 @@ def serve(rank: int, setup: ShardSetup) -> int:
     from tgi_llm.models.loader import load_model
     from tgi_llm.models.rope_override import RopeOverride
     from tgi_llm.parallel.comm import SETUP, STEP, STOP, PlanChannel, destroy_groups, init_groups
+    from tgi_llm.parallel.hosts import local_ranks
     from tgi_llm.parallel.launch import local_config
     from tgi_llm.parallel.plan_codec import PlanDecoder
     from tgi_llm.runner.model_runner import ModelRunner
@@ -92,12 +124,20 @@ def serve(rank: int, setup: ShardSetup) -> int:
 
     torch.set_num_threads(setup.threads)
     base = torch.device(setup.device)
-    device = torch.device("cuda", (base.index or 0) + rank) if base.type == "cuda" else base
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    store = dist.TCPStore("127.0.0.1", setup.store_port, setup.world_size, is_master=False,
+    # The rank's index among the ranks on its host (rank 0's included): on one host, the rank itself.
+    local = local_ranks(hostnames)[rank] if hostnames else rank
+    device = torch.device("cuda", (base.index or 0) + local) if base.type == "cuda" else base
+    store = dist.TCPStore(setup.store_host, setup.store_port, setup.world_size, is_master=False,
                           timeout=timedelta(seconds=setup.start_timeout_s))
+    if setup.multi_host:
+        threading.Thread(target=_heartbeat, args=(setup, rank), name="tgi-shard-heartbeat", daemon=True).start()
     try:
+        if device.type == "cuda":  # after the store: a host with too few GPUs is reported to rank 0 by name
+            if device.index >= torch.cuda.device_count():
+                host = socket.gethostname()
+                raise RuntimeError(f"shard {rank} is rank {local} of those on {host} and needs {device}; {host} has "
+                                   f"{torch.cuda.device_count()} GPU(s)")
+            torch.cuda.set_device(device)
         shard = Shard(rank, setup.world_size)
         from tgi_llm.quant.modes import parse_quantize
 
@@ -114,7 +154,8 @@ def serve(rank: int, setup: ShardSetup) -> int:
         store.set(f"tgi/error/{rank}", f"{type(exc).__name__}: {exc}")
         raise
     store.set(f"tgi/ready/{rank}", "1")
-    channel = PlanChannel(init_groups(store, rank, setup.world_size, device, setup.collective_timeout_s))
+    channel = PlanChannel(init_groups(store, rank, setup.world_size, device, setup.collective_timeout_s,
+                                      loopback=not setup.multi_host))
     op, geometry = channel.recv()
     assert op == SETUP, f"expected the KV-cache geometry first, got op {op}"
     num_blocks, block_size = geometry.tolist()
@@ -166,10 +207,11 @@ def _shard(guard_pid: int, pipe: int) -> int:
         return 1
     from tgi_llm.parallel.launch import ShardSetup
 
-    rank, fields = pickle.loads(data)
+    rank, fields, hostnames = pickle.loads(data)
     setup = ShardSetup(**fields)
-    threading.Thread(target=_exit_with_parent, args=(setup.parent_pid,), daemon=True).start()
-    return serve(rank, setup)
+    if not setup.multi_host:  # rank 0 is on this host (else `serve` starts the heartbeat)
+        threading.Thread(target=_exit_with_parent, args=(setup.parent_pid,), daemon=True).start()
+    return serve(rank, setup, hostnames)
 
 
 def main() -> None:
