@@ -20,6 +20,7 @@ class Seq:
     cache_lookup: bool = True
     cache_key: bytes = b""
     capacity: int = 0
+    lora_name: str | None = None
 
     @property
     def input_length(self) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tgi_llm.launcher.process import STUB_BINARY
+from tgi_llm.launcher.process import runs_instance_of
 from tgi_llm.launcher.shm import SHM_DIR
 from tgi_llm.ports import free_ports
 from tgi_llm.procfs import children, cmdline
@@ -43,7 +43,7 @@ class Outcome:
 def stub_of(server: Launched) -> tuple[int, str]:
     """(pid, shared-memory region) of the model's stub."""
     (triton,) = [p for p in children(server.process.pid) if cmdline(p)[0].endswith("/tritonserver")]
-    (stub,) = [p for p in children(triton) if cmdline(p) and cmdline(p)[0].endswith(STUB_BINARY)]
+    (stub,) = [p for p in children(triton) if runs_instance_of(cmdline(p), "tgi_llm")]  # not tgi_llm_trtllm's
     return stub, cmdline(stub)[2]
 
 

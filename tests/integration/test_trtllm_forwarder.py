@@ -1,18 +1,15 @@
-"""What Triton's OpenAI-compatible front end sends to a model that is not a vLLM one (TensorRT-LLM's shapes:
-[1, 1] scalars, stop_words [1, N]), replayed over gRPC against tritonserver serving the checked-in
-model_repository with tgi_llm and tgi_llm_trtllm, as that front end would run it."""
+"""What Triton's OpenAI-compatible front end and genai-perf's TensorRT-LLM mode send to a model that is not a
+vLLM one (TensorRT-LLM's shapes: [1, 1] scalars, stop_words [1, N]), replayed over gRPC against a launched
+server, which serves tgi_llm_trtllm beside tgi_llm (the checked-in model_repository holds both too)."""
 
 from __future__ import annotations
 
 import json
 import queue
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-from .harness import START_TIMEOUT_S, free_ports, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -21,34 +18,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def tritonserver(tmp_path_factory, default_model_dir):
-    import urllib.request
-
-    from tgi_llm.launcher.tritonserver import ServerConfig, find_tritonserver, server_command, server_env
-
-    work = tmp_path_factory.mktemp("trtllm")
-    install = find_tritonserver(work)
-    http, grpc, metrics = free_ports(3)
-    config = ServerConfig(ROOT / "model_repository", "127.0.0.1", http, grpc, metrics, exit_timeout_s=20,
-                          extra_args=("--load-model=tgi_llm_trtllm",))
-    log = (work / "tritonserver.log").open("w")
-    proc = subprocess.Popen(server_command(install, config), env=server_env(install), stdout=log,
-                            stderr=subprocess.STDOUT)
-
-    def ready() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/tgi_llm_trtllm/ready", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    try:
-        assert wait_until(lambda: ready() or proc.poll() is not None, START_TIMEOUT_S, 0.5) and ready(), \
-            (work / "tritonserver.log").read_text()[-3000:]
-        yield f"127.0.0.1:{grpc}"
-    finally:
-        proc.terminate()
-        proc.wait(60)
+def tritonserver(server) -> str:
+    """The launched server's public gRPC port: the launcher serves tgi_llm_trtllm beside tgi_llm."""
+    return server.grpc
 
 
 def trtllm_inputs(prompt: str, stream: bool, **extra) -> list:

@@ -147,6 +147,30 @@ def test_sharded_without_num_shard_uses_every_gpu():
     assert count_cuda_devices({"CUDA_VISIBLE_DEVICES": "0,2"}) == 2
 
 
+def test_shard_hosts_reach_the_model_with_a_hostfile_made_absolute(tmp_path, monkeypatch):
+    (tmp_path / "hosts").write_text("node1:2\nnode2\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)  # tritonserver's model runs in another directory
+    params = model_parameters(check(["--num-shard", "4", "--shard-hosts", "hosts"]), "/m")
+    assert (params["shard_hosts"], params["shard_master_addr"]) == (str(tmp_path / "hosts"), "")
+    env = {"NUM_SHARD": "3", "SHARD_HOSTS": "node1,node2", "SHARD_MASTER_ADDR": "10.0.0.5"}
+    opts = EngineOptions.from_parameters(model_parameters(check([], env), "/m"))
+    assert (opts.num_shard, opts.shard_hosts, opts.shard_master_addr) == (3, "node1,node2", "10.0.0.5")
+    assert model_parameters(check([]), "/m")["shard_hosts"] == ""  # one host: nothing passed on
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--shard-hosts", "node1"], "`shard_hosts` places shard ranks 1..N-1 and needs `num_shard` > 1. Given: 1"),
+    (["--num-shard", "4", "--shard-hosts", "node1:2"], "`shard_hosts` has 2 slot(s) for the 3 shard ranks"),
+    (["--num-shard", "2", "--shard-hosts", "./missing-hosts"], "`shard_hosts`: no MPI hostfile at ./missing-hosts"),
+    (["--num-shard", "2", "--shard-hosts", "node1:x"], "`shard_hosts` entry 'node1:x': slots must be a whole"),
+    (["--num-shard", "2", "--shard-master-addr", "10.0.0.5"], "`shard_master_addr` is where shards on other hosts"),
+])
+def test_bad_shard_host_flags_are_refused_naming_the_flag(argv, message):
+    with pytest.raises(ArgumentValidationError) as info:
+        check(argv)
+    assert message in str(info.value)
+
+
 def test_quantize_reaches_the_model_parameters_from_flag_or_environment():
     params = model_parameters(check(["--quantize", "int4", "--quantize-group-size", "64"]), "/m")
     assert params["quantize"] == "int4" and params["quantize_group_size"] == "64"
@@ -155,3 +179,23 @@ def test_quantize_reaches_the_model_parameters_from_flag_or_environment():
     assert model_parameters(check([]), "/m")["quantize"] == ""
     with pytest.raises(ArgumentValidationError, match="--quantize gptq"):
         validate(parse_args([], {"QUANTIZE": "gptq"}))
+
+
+def test_kv_event_flags_reach_the_engine_options_from_flag_or_environment():
+    args = check(["--kv-events-endpoint", "tcp://epp:5557", "--kv-events-topic", "kv@10.0.0.1@m"],
+                 {"KV_EVENTS_REPLAY_ENDPOINT": "tcp://*:5558"})
+    opts = EngineOptions.from_parameters(model_parameters(args, "/m"))
+    assert (opts.kv_events_endpoint, opts.kv_events_replay_endpoint, opts.kv_events_topic) == \
+        ("tcp://epp:5557", "tcp://*:5558", "kv@10.0.0.1@m")
+    assert EngineOptions.from_parameters(model_parameters(check([]), "/m")).kv_events_endpoint is None
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--kv-events-endpoint", "localhost:5557"], "`kv_events_endpoint` must be a ZMQ endpoint"),
+    (["--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay-endpoint", "tcp://*"],
+     "`kv_events_replay_endpoint` must be a ZMQ endpoint"),
+    (["--kv-events-replay-endpoint", "tcp://*:5558"], "`kv_events_replay_endpoint` needs `kv_events_endpoint`"),
+])
+def test_bad_kv_event_flags_are_refused_naming_the_flag(argv, message):
+    with pytest.raises(ArgumentValidationError, match=message):
+        check(argv)

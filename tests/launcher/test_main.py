@@ -60,7 +60,7 @@ def test_model_process_killed_stops_the_launcher_within_10_s_with_on_model_failu
     import time
 
     from tests.integration.harness import START_TIMEOUT_S, launch, wait_until
-    from tgi_llm.launcher.process import STUB_BINARY
+    from tgi_llm.launcher.process import runs_instance_of
     from tgi_llm.launcher.shm import SHM_DIR
     from tgi_llm.procfs import children, cmdline, pid_alive
 
@@ -70,7 +70,7 @@ def test_model_process_killed_stops_the_launcher_within_10_s_with_on_model_failu
         # the launcher's own Ready line: from then on it watches the model's process
         assert wait_until(lambda: "INFO tgi_llm.launcher: Ready:" in server.log_path.read_text(), START_TIMEOUT_S)
         (triton,) = [p for p in children(server.process.pid) if cmdline(p)[0].endswith("tritonserver")]
-        stubs = [p for p in children(triton) if cmdline(p) and cmdline(p)[0].endswith(STUB_BINARY)]
+        stubs = [p for p in children(triton) if runs_instance_of(cmdline(p), "tgi_llm")]  # not tgi_llm_trtllm's
         assert len(stubs) == 1, stubs
         region = cmdline(stubs[0])[2]
         os.kill(stubs[0], signal.SIGKILL)

@@ -74,6 +74,7 @@ def test_model_processes_are_the_stubs_running_the_model():
         "import subprocess, sys, time",
         f"ours = {child('/opt/tritonserver/backends/python/triton_python_backend_stub', 'tgi_llm_0_0')}",
         child("triton_python_backend_stub", "other_0_0"),
+        child("triton_python_backend_stub", "tgi_llm_trtllm_0_0"),  # a model whose name starts with ours
         child("python3", "tgi_llm_0_0"),
         "time.sleep(60)",
     ])

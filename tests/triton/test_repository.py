@@ -6,7 +6,14 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 from tgi_llm.engine import EngineOptions, LimitOptions
-from tgi_llm.launcher.repository import DEFAULT_PARAMETERS, INPUTS, MODEL_PY, OUTPUTS, render_config
+from tgi_llm.launcher.repository import (
+    DEFAULT_PARAMETERS,
+    INPUTS,
+    MODEL_PY,
+    OUTPUTS,
+    render_config,
+    write_repository,
+)
 from tgi_llm.speculation.policy import SERVED_SPECULATE
 from tgi_llm.triton import outputs, trtllm_forwarder
 from tgi_llm.triton.inputs import ACCEPTED_INPUTS, SCALAR_INPUTS
@@ -55,3 +62,12 @@ def test_checked_in_trtllm_forwarder_is_the_rendered_one_and_maps_every_input():
     assert "trtllm_forwarder import TritonPythonModel" in (repo / "1" / "model.py").read_text(encoding="utf-8")
     declared_here = {name for name, _, _ in INPUTS}
     assert {target for _, target, _ in trtllm_forwarder.SCALARS} | {"stop"} <= declared_here
+
+
+def test_the_launcher_writes_both_models_as_checked_in(tmp_path):
+    write_repository(tmp_path, {"dtype": "bfloat16"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tgi_llm", "tgi_llm_trtllm"]
+    assert 'string_value: "bfloat16"' in (tmp_path / "tgi_llm" / "config.pbtxt").read_text(encoding="utf-8")
+    for name in ("config.pbtxt", "1/model.py"):
+        written, checked_in = (root / "tgi_llm_trtllm" / name for root in (tmp_path, ROOT / "model_repository"))
+        assert written.read_text(encoding="utf-8") == checked_in.read_text(encoding="utf-8")

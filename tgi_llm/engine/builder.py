@@ -6,11 +6,13 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from tgi_llm.engine.engine import Engine
 from tgi_llm.engine.limits import (
+    Limits,
     check_static_limits,
     default_step_target_ms,
     default_step_tokens,
@@ -20,6 +22,9 @@ from tgi_llm.engine.limits import (
 from tgi_llm.engine.options import EngineOptions
 from tgi_llm.errors import ArgumentValidationError
 from tgi_llm.kv_cache import kv_cache_dtype_name
+
+if TYPE_CHECKING:
+    from tgi_llm.engine.kv_event_publisher import ZmqKVEventPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +131,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
 
         shards = ShardGroup.launch(opts.num_shard, model_dir, dtype, device, opts.model_id or _default_model_id(),
                                    opts.quantize, opts.quantize_group_size, kv_cache_dtype_name(kv_dtype),
-                                   opts.rope_override, *(lora_slots or (0, 0)))
+                                   opts.rope_override, *(lora_slots or (0, 0)), shard_hosts=opts.shard_hosts,
+                                   master_addr=opts.shard_master_addr)
     model, config = load_model(model_dir, dtype=dtype, device=device, shard=shards.shard if shards else NO_SHARD,
                                quantization=quantization, rope_override=opts.rope_override)
     block_size = opts.limits.block_size
@@ -179,7 +185,8 @@ def _build_engine(opts: EngineOptions) -> Engine:
                                          kv_dtype)
     engine = Engine(tokenizer, limits, runner, eos,
                     model_id=opts.model_id or _default_model_id(), vocab_size=config.vocab_size, proposer=proposer,
-                    lora=lora)
+                    lora=lora, kv_events=kv_event_publisher(opts, limits),
+                    kv_medium="GPU" if device.type == "cuda" else "CPU")
     engine.scheduler.pacer.context_weight = attention_cost_per_context_token(config)
     from tgi_llm.memory import account, libc_trim
 
@@ -193,6 +200,23 @@ def _build_engine(opts: EngineOptions) -> Engine:
     if shards is not None:  # a shard dying while no step runs marks the engine unhealthy too
         shards.on_failure(lambda _reason: setattr(engine, "healthy", False))
     return engine
+
+
+def kv_event_publisher(opts: EngineOptions, limits: Limits) -> ZmqKVEventPublisher | None:
+    """--kv-events-endpoint's publisher; ZMQ is imported only when it is set."""
+    if not opts.kv_events_endpoint:
+        return None
+    if not limits.prefix_caching:
+        logger.warning("--kv-events-endpoint with prefix caching off: no block is ever stored, so none is announced")
+    import zmq
+
+    from tgi_llm.engine.kv_event_publisher import ZmqKVEventPublisher
+
+    try:
+        return ZmqKVEventPublisher(opts.kv_events_endpoint, opts.kv_events_replay_endpoint, opts.kv_events_topic)
+    except zmq.ZMQError as exc:
+        raise ArgumentValidationError(f"`kv_events_endpoint` {opts.kv_events_endpoint!r} / "
+                                      f"`kv_events_replay_endpoint` {opts.kv_events_replay_endpoint!r}: {exc}") from exc
 
 
 def lora_geometry(opts: EngineOptions) -> tuple[int, int] | None:

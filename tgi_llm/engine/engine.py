@@ -15,11 +15,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from tgi_llm.engine.detokenizer import IncrementalDetokenizer
 from tgi_llm.engine.grammar import GrammarCompiler
 from tgi_llm.engine.kv_cache_manager import KVCacheManager
+from tgi_llm.engine.kv_events import KVEvent, KVEventLog
 from tgi_llm.engine.limits import Limits
 from tgi_llm.engine.postprocess import Postprocessor
 from tgi_llm.engine.runner_protocol import Runner
@@ -45,6 +46,14 @@ from tgi_llm.speculation.proposer import Proposer
 logger = logging.getLogger(__name__)
 
 
+class KVEventSink(Protocol):
+    """Where each step's KV-cache events go (kv_event_publisher.ZmqKVEventPublisher)."""
+
+    def publish(self, events: list[KVEvent]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(frozen=True)
 class RequestHandle:
     request_id: int
@@ -59,7 +68,8 @@ class Engine:
 
     def __init__(self, tokenizer: Any, limits: Limits, runner: Runner, eos_token_ids: set[int],
                  model_id: str = "", vocab_size: int | None = None, proposer: Proposer | None = None,
-                 lora: LoraRegistry | None = None) -> None:
+                 lora: LoraRegistry | None = None, kv_events: KVEventSink | None = None,
+                 kv_medium: str | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.model_id = model_id
@@ -70,6 +80,11 @@ class Engine:
         self.lora = lora
         self.validator = Validator(tokenizer, limits, self.grammars, lora, frozenset({model_id}))
         self.kv = KVCacheManager(limits.num_blocks, limits.block_size, limits.prefix_caching)
+        #: --kv-events-endpoint: the prefix cache's changes go out after every step, in order.
+        self.kv_events = kv_events
+        if kv_events is not None:
+            self.kv.events = KVEventLog(limits.block_size, kv_medium)
+            self.kv.events.cleared()  # a subscriber that knew an earlier life of this server forgets it
         self.scheduler = Scheduler(limits, self.kv, proposer, lora)
         self.postprocessor = Postprocessor(tokenizer)
         self._ids = itertools.count(1)
@@ -154,6 +169,7 @@ class Engine:
             if self._running:
                 return
             self._running = True
+        self._publish_kv_events()  # AllBlocksCleared, before the engine thread owns the log
         self._thread = threading.Thread(target=self._loop, name="tgi-engine", daemon=True)
         self._thread.start()
 
@@ -167,6 +183,9 @@ class Engine:
             self._thread = None
         self._fail_all(ShutdownError())
         self.runner.close()
+        if self.kv_events is not None:
+            self._publish_kv_events()
+            self.kv_events.close()
 
     # ---- engine thread ----
     def _loop(self) -> None:
@@ -187,6 +206,7 @@ class Engine:
                 for request_id in cancels:
                     self._cancel_now(request_id)
                 self.step()
+                self._publish_kv_events()
         except BaseException as exc:  # the loop must never die silently: fail every request
             logger.exception("Engine loop crashed")
             self.healthy = False
@@ -233,6 +253,10 @@ class Engine:
         logger.debug("step: %d tokens, %d decodes, %.4f s, chunks %s", plan.num_tokens, decodes, t3 - t0, chunks)
         self._update_batch_gauges()
         self._record(plan, decodes, t1 - t0, t3 - t2, t2 - t1)
+
+    def _publish_kv_events(self) -> None:
+        if self.kv_events is not None and self.kv.events is not None and self.kv.events.pending:
+            self.kv_events.publish(self.kv.events.drain())
 
     def _update_batch_gauges(self) -> None:
         self._batch_size = len(self.scheduler.running)

@@ -17,6 +17,9 @@ its last token.
 
 Block states: held (reference count > 0), cached-free (count 0, registered: evictable), free (count 0,
 nothing registered). held + cached-free + free == num_blocks at all times.
+
+With `events` set (--kv-events-endpoint), every registration and every forgotten key is recorded there
+(kv_events.py), so a router can rebuild the set of registered keys from the events alone.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from tgi_llm.engine.block_hash import BlockHash, hash_block, hash_blocks
+from tgi_llm.engine.kv_events import KVEventLog
 
 
 class CacheableSequence(Protocol):
@@ -43,6 +47,9 @@ class CacheableSequence(Protocol):
 
     @property
     def cache_key(self) -> bytes: ...
+
+    @property
+    def lora_name(self) -> str | None: ...
 
 
 @dataclass
@@ -76,6 +83,8 @@ class KVCacheManager:
         self._free: deque[int] = deque(range(num_blocks))  # nothing cached in them: handed out first
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, no holder: least recently used first
         self._tables: dict[int, _Table] = {}
+        #: Where registrations and evictions are recorded for KV events (None: not published).
+        self.events: KVEventLog | None = None
 
     # ---- state ----
     @property
@@ -142,14 +151,27 @@ class KVCacheManager:
             i = len(table.hashes)
             parent = table.hashes[-1] if table.hashes else None
             table.hashes.append(hash_block(parent, seq.token_ids[i * bs : (i + 1) * bs], seq.cache_key))
+        run_start = None  # the first of the consecutive blocks registered just now (one event for them)
         for i in range(table.num_registered, full):
             key, block = table.hashes[i], table.blocks[i]
             if key not in self._block_of and self._key_of[block] is None:
                 self._block_of[key] = block
                 self._key_of[block] = key
-            # else: another block holds these tokens already (two requests prefilled the same prompt at
-            # once); this one stays private and is simply freed later.
+                run_start = i if run_start is None else run_start
+                continue
+            # Another block holds these tokens already (two requests prefilled the same prompt at once);
+            # this one stays private and is simply freed later.
+            self._record_stored(seq, table, run_start, i)
+            run_start = None
+        self._record_stored(seq, table, run_start, full)
         table.num_registered = full
+
+    def _record_stored(self, seq: CacheableSequence, table: _Table, start: int | None, end: int) -> None:
+        if self.events is None or start is None:
+            return
+        bs = self.block_size
+        self.events.stored(table.hashes[start:end], table.hashes[start - 1] if start else None,
+                           seq.token_ids[start * bs : end * bs], seq.lora_name)
 
     def free(self, seq: CacheableSequence) -> None:
         table = self._tables.pop(seq.request_id, None)
@@ -196,6 +218,8 @@ class KVCacheManager:
             self._key_of[block] = None
             if self._block_of.get(key) == block:
                 del self._block_of[key]
+                if self.events is not None:
+                    self.events.removed(key)
 
     def check(self) -> None:
         """Every invariant, from scratch (tests call this; O(num_blocks))."""

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from tgi_llm.engine.kv_events import check_endpoint
 from tgi_llm.engine.limits import LimitOptions
 from tgi_llm.lora.spec import parse_lora_adapters
 from tgi_llm.models.rope_override import RopeOverride
+from tgi_llm.parallel.hosts import check_shard_hosts
 
 DTYPES = ("float32", "bfloat16", "float16")
 #: --kv-cache-dtype: auto (tgi_llm/kv_cache.py resolve_kv_cache_dtype) or the element type of the K/V caches.
@@ -24,6 +26,9 @@ class EngineOptions:
     kv_cache_memory_gb: float | None = None  # None: derived from free memory
     kv_cache_dtype: str | None = None  # None: auto
     num_shard: int = 1
+    #: --shard-hosts / --shard-master-addr (tgi_llm/parallel/hosts.py): shard ranks on other hosts (None: here).
+    shard_hosts: str | None = None
+    shard_master_addr: str | None = None
     quantize: str | None = None  # --quantize (tgi_llm/quant/modes.py); None: by the weights
     quantize_group_size: int | None = None
     #: A smaller model with the same tokenizer that guesses tokens for --speculate (None: prompt lookup).
@@ -39,6 +44,12 @@ class EngineOptions:
     max_lora_rank: int | None = None
     #: POST /v1/load_lora_adapter and /v1/unload_lora_adapter may change the adapters at run time.
     lora_runtime_loading: bool = False
+    #: --kv-events-endpoint: publish the prefix cache's stored/removed blocks over ZMQ (vLLM's format); None: off.
+    kv_events_endpoint: str | None = None
+    #: --kv-events-replay-endpoint: a ROUTER socket that resends recent batches to a subscriber that saw a gap.
+    kv_events_replay_endpoint: str | None = None
+    #: --kv-events-topic: the first frame of every message (llm-d subscribes to `kv@<pod ip>@<model>`).
+    kv_events_topic: str = ""
     limits: LimitOptions = field(default_factory=LimitOptions)
 
     def __post_init__(self) -> None:
@@ -49,8 +60,13 @@ class EngineOptions:
                              f"Given: {self.kv_cache_dtype}")
         if self.num_shard < 1:
             raise ValueError(f"`num_shard` must be >= 1. Given: {self.num_shard}")
+        check_shard_hosts(self.shard_hosts, self.shard_master_addr, self.num_shard)
         RopeOverride.from_flags(self.rope_scaling, self.rope_factor)  # a bad value fails here, naming its flag
         parse_lora_adapters(self.lora_adapters)
+        check_endpoint("kv_events_endpoint", self.kv_events_endpoint)
+        check_endpoint("kv_events_replay_endpoint", self.kv_events_replay_endpoint)
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("`kv_events_replay_endpoint` needs `kv_events_endpoint`")
         for name in ("max_loras", "max_lora_rank"):
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_LORA_LIMITS[name]:

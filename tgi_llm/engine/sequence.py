@@ -95,6 +95,10 @@ class Sequence:
     def cache_key(self) -> bytes:
         return self.request.cache_key
 
+    @property
+    def lora_name(self) -> str | None:
+        return self.request.lora.name if self.request.lora is not None else None
+
     def append_token(self, token_id: int, logprob: float, top_ids: list[int], top_logprobs: list[float],
                      grammar_done: bool = False) -> str:
         """Record one sampled token: detokenize, check the stop criteria (sets `finish_reason`). Returns the

@@ -59,6 +59,13 @@ FLAGS: list[Flag] = [
                                        "execute thread)"),
     Flag("sharded", _bool, None, "Shard the model across GPUs"),
     Flag("num_shard", int, None, "Number of shards (GPUs)"),
+    Flag("shard_hosts", help="Run shard ranks 1..N-1 on these hosts: an MPI hostfile (MPICH's: host[:slots] per line) "
+                             "or host[:slots],host[:slots]; each host takes its slots of ranks in order (slots "
+                             "default 1). Rank 0 is the server's model process on this host and takes no slot: "
+                             "name this host too to put shards beside it. Needs ssh without a password to every "
+                             "host, the same Python, install and model paths there; see docs/SHARDING.md"),
+    Flag("shard_master_addr", help="The address shards on other hosts reach this host at (rank 0's TCP store; "
+                                   "default with --shard-hosts: this host's name)"),
     Flag("quantize", help="Weight format: gguf (a GGUF's own blocks; the default for .gguf models), float, "
          "int8 (also TGI's eetq, bitsandbytes) or int4 weight-only; see the README"),
     Flag("quantize_group_size", int, None, "Group size of --quantize int8 / int4 along the input dim (default 32)"),
@@ -118,6 +125,14 @@ FLAGS: list[Flag] = [
     Flag("lora_runtime_loading", switch=True, default=False,
          help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's), which add and remove LoRA "
               "adapters while the server runs"),
+    Flag("kv_events_endpoint",
+         help="Publish the prefix cache's stored and evicted blocks over ZMQ in vLLM's KV-event format, for "
+              "prefix-aware routers (llm-d, Dynamo): tcp://*:PORT binds, tcp://HOST:PORT connects to a router's "
+              "SUB socket (default: off)"),
+    Flag("kv_events_replay_endpoint",
+         help="A ZMQ ROUTER endpoint (tcp://*:PORT) that resends recent KV-event batches from a sequence number, "
+              "for a subscriber that saw a gap"),
+    Flag("kv_events_topic", default="", help="The topic frame of every KV-event message (llm-d: kv@POD_IP@MODEL)"),
     Flag("huggingface_hub_cache", help="Where hub downloads go"),
     Flag("json_output", switch=True, default=False, help="Log JSON lines"),
     Flag("log_level", default="info", env="LOG_LEVEL", help="TGI's LOG_LEVEL (info, debug, warn, error)"),
@@ -243,12 +258,19 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         parse_quantize(args.quantize, args.quantize_group_size)
         RopeOverride.from_flags(args.rope_scaling, args.rope_factor)
         check_lora_flags(args)
+        check_kv_event_flags(args)
     except ValueError as exc:
         raise ArgumentValidationError(str(exc)) from None
     if args.trust_remote_code:
         logger.warning("`trust_remote_code` is set. Trusting that model `%s` do not contain malicious code.",
                        args.model_id)
     args.num_shard = find_num_shards(args.sharded, args.num_shard)
+    from tgi_llm.parallel.hosts import check_shard_hosts
+
+    try:
+        check_shard_hosts(args.shard_hosts, args.shard_master_addr, args.num_shard)
+    except ValueError as exc:
+        raise ArgumentValidationError(str(exc)) from None
     # The limit combinations: the engine's own check, so launcher and model agree on every message.
     from tgi_llm.engine.limits import check_static_limits
 
@@ -271,6 +293,16 @@ def check_lora_flags(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not 1 <= value <= limit:
             raise ValueError(f"`{name}` must be in 1..{limit}. Given: {value}")
+
+
+def check_kv_event_flags(args: argparse.Namespace) -> None:
+    """The KV-event endpoints are ZMQ endpoints, and a replay endpoint comes with a publishing one (ValueError)."""
+    from tgi_llm.engine.kv_events import check_endpoint
+
+    check_endpoint("kv_events_endpoint", args.kv_events_endpoint)
+    check_endpoint("kv_events_replay_endpoint", args.kv_events_replay_endpoint)
+    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
+        raise ValueError("`kv_events_replay_endpoint` needs `kv_events_endpoint`")
 
 
 def lora_mode(args: argparse.Namespace) -> str:
@@ -314,6 +346,8 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "model_id": model_dir if model_dir is not None else args.model_id,
         "dtype": args.dtype,
         "num_shard": args.num_shard,
+        "shard_hosts": _absolute_if_local(args.shard_hosts),  # a hostfile, as the model process will see it
+        "shard_master_addr": args.shard_master_addr,
         "quantize": args.quantize,
         "quantize_group_size": args.quantize_group_size,
         "speculative_model": _absolute_if_local(args.speculative_model),
@@ -325,6 +359,9 @@ def model_parameters(args: argparse.Namespace, model_dir: str | None) -> dict[st
         "max_loras": args.max_loras,
         "max_lora_rank": args.max_lora_rank,
         "lora_runtime_loading": "true" if args.lora_runtime_loading else "false",
+        "kv_events_endpoint": args.kv_events_endpoint,
+        "kv_events_replay_endpoint": args.kv_events_replay_endpoint,
+        "kv_events_topic": args.kv_events_topic,
         "json_output": "true" if args.json_output else "false",
         "validation_workers": args.validation_workers,
     }

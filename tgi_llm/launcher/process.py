@@ -66,8 +66,10 @@ def load_failure(line: str) -> str | None:
     return match.group(1).split("\\n")[0].strip().rstrip('"')
 
 
-def _runs_instance_of(argv: list[str], model: str) -> bool:
-    return bool(argv) and argv[0].rsplit("/", 1)[-1] == STUB_BINARY and any(a.startswith(f"{model}_") for a in argv[1:])
+def runs_instance_of(argv: list[str], model: str) -> bool:
+    """`<model>_<n>_<device>` exactly: `tgi_llm_trtllm_0_0` is another model's instance, not `tgi_llm`'s."""
+    instance = re.compile(rf"^{re.escape(model)}_\d+(_\w+)?$")
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] == STUB_BINARY and any(instance.match(a) for a in argv[1:])
 
 
 class ServerProcess:
@@ -132,7 +134,7 @@ class ServerProcess:
         """The Python backend stubs running `model`'s instances (named `<model>_<n>_<device>` on their
         command line): the processes our engine lives in."""
         assert self.process is not None
-        return [pid for pid in children(self.process.pid) if _runs_instance_of(cmdline(pid), model)]
+        return [pid for pid in children(self.process.pid) if runs_instance_of(cmdline(pid), model)]
 
     @staticmethod
     def is_ready(url: str) -> bool:

@@ -18,6 +18,14 @@ MODEL_PY = '''"""Triton model `tgi_llm`: the adapter lives in the tgi_llm packag
 
 from tgi_llm.triton.model import TritonPythonModel  # noqa: F401
 '''
+#: The same engine in TensorRT-LLM's tensor shapes, for the tools built for that backend (Triton's OpenAI front
+#: end, genai-perf --backend tensorrtllm): a small BLS model that forwards to `tgi_llm`.
+TRTLLM_MODEL_NAME = "tgi_llm_trtllm"
+TRTLLM_MODEL_PY = '''\
+"""Triton model `tgi_llm_trtllm`: tgi_llm with TensorRT-LLM's tensor shapes (tgi_llm/triton/trtllm_forwarder.py)."""
+
+from tgi_llm.triton.trtllm_forwarder import TritonPythonModel  # noqa: F401
+'''
 
 #: (name, Triton type, dims). All optional (a prompt is text_input or input_ids); names follow Triton's vLLM and
 #: TensorRT-LLM models, with TGI's parameter names beside them.
@@ -87,6 +95,8 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "dtype": "",
     "device": "",
     "num_shard": "1",
+    "shard_hosts": "",
+    "shard_master_addr": "",
     "quantize": "",
     "quantize_group_size": "",
     "kv_cache_memory_gb": "",
@@ -97,6 +107,9 @@ DEFAULT_PARAMETERS: dict[str, str] = {
     "max_loras": "",
     "max_lora_rank": "",
     "lora_runtime_loading": "false",
+    "kv_events_endpoint": "",
+    "kv_events_replay_endpoint": "",
+    "kv_events_topic": "",
     "max_concurrent_requests": "128",
     "max_best_of": "2",
     "max_stop_sequences": "4",
@@ -167,10 +180,14 @@ instance_group [
 """
 
 
-def write_repository(root: Path, parameters: Mapping[str, str] | None = None, name: str = MODEL_NAME) -> Path:
-    """Write root/<name>/config.pbtxt and root/<name>/1/model.py; returns root."""
-    model_dir = root / name
-    (model_dir / "1").mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.pbtxt").write_text(render_config(parameters, name), encoding="utf-8")
-    (model_dir / "1" / "model.py").write_text(MODEL_PY, encoding="utf-8")
+def write_repository(root: Path, parameters: Mapping[str, str] | None = None) -> Path:
+    """Write the `tgi_llm` model (config.pbtxt with these parameters, 1/model.py) and its TensorRT-LLM-shaped
+    forwarder `tgi_llm_trtllm` under root; returns root."""
+    from tgi_llm.triton.trtllm_forwarder import render_config as render_forwarder_config
+
+    for name, config, model_py in ((MODEL_NAME, render_config(parameters), MODEL_PY),
+                                   (TRTLLM_MODEL_NAME, render_forwarder_config(TRTLLM_MODEL_NAME), TRTLLM_MODEL_PY)):
+        (root / name / "1").mkdir(parents=True, exist_ok=True)
+        (root / name / "config.pbtxt").write_text(config, encoding="utf-8")
+        (root / name / "1" / "model.py").write_text(model_py, encoding="utf-8")
     return root

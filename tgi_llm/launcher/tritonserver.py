@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import tgi_llm
-from tgi_llm.launcher.repository import MODEL_NAME
+from tgi_llm.launcher.repository import MODEL_NAME, TRTLLM_MODEL_NAME
 
 SYSTEM_BINARY = Path("/opt/tritonserver/bin/tritonserver")
 _BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
@@ -111,6 +111,7 @@ def server_command(install: TritonInstall, config: ServerConfig) -> list[str]:
         # /v2/models/tgi_llm/ready turns false; the launcher then stops, as TGI's does on ShardFailed.
         "--model-control-mode=explicit",
         f"--load-model={MODEL_NAME}",
+        f"--load-model={TRTLLM_MODEL_NAME}",
         f"--exit-timeout-secs={config.exit_timeout_s}",
         f"--log-verbose={config.log_verbose}",
     ]
