@@ -165,21 +165,24 @@ class World:
         s = self.live.pop(self.rng.randrange(len(self.live)))
         self.kv.free(s)
 
+    def random_operation(self) -> None:
+        r = self.rng.random()
+        if r < 0.25 or not self.live:
+            self.allocate()
+        elif r < 0.8:
+            self.step()
+        elif r < 0.999:
+            self.free()
+        else:
+            self.kv.reset_prefix_cache()
+
 
 def test_property_random_operations_keep_every_invariant():
     rng = random.Random(1234)
     world = World(KVCacheManager(num_blocks=48, block_size=4), rng)
     world.prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 40))] for _ in range(6)]
     for op in range(100_000):
-        r = rng.random()
-        if r < 0.25 or not world.live:
-            world.allocate()
-        elif r < 0.8:
-            world.step()
-        elif r < 0.999:
-            world.free()
-        else:
-            world.kv.reset_prefix_cache()
+        world.random_operation()
         if op % 10 == 0 or not world.live:
             world.kv.check()
         if not world.live:

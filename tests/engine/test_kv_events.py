@@ -101,15 +101,7 @@ def test_property_the_events_alone_rebuild_the_cached_blocks():
     world.prefixes = [[rng.randrange(50) for _ in range(rng.randint(4, 40))] for _ in range(6)]
     sub = Subscriber()
     for op in range(30_000):
-        r = rng.random()
-        if r < 0.25 or not world.live:
-            world.allocate()
-        elif r < 0.8:
-            world.step()
-        elif r < 0.999:
-            world.free()
-        else:
-            world.kv.reset_prefix_cache()
+        world.random_operation()
         sub.apply(world.kv.events.drain())
         if op % 10 == 0:
             registered = world.kv._block_of  # noqa: SLF001 (the truth the events must match)
