@@ -11,7 +11,6 @@ median tokens/s of each (the first round left out: warm-up) and their ratio.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import sys
 import threading
@@ -19,12 +18,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def subscriber(endpoint: str) -> list[int]:
@@ -59,8 +52,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from tgi_llm import LLM
+    from tgi_llm.ports import free_ports
 
-    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    endpoint = f"tcp://127.0.0.1:{free_ports(1)[0]}"
     received = subscriber(endpoint)
     limits = {"max_input_tokens": 512, "max_total_tokens": 1024, "max_batch_total_tokens": 16384}
     engines = {"off": LLM(**limits), "on": LLM(kv_events_endpoint=endpoint, **limits)}

@@ -94,6 +94,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tgi_llm.bench.stats import percentile  # noqa: E402
 from tgi_llm.engine.block_hash import hash_blocks  # noqa: E402
 from tgi_llm.engine.kv_cache_manager import KVCacheManager  # noqa: E402
 from tgi_llm.engine.kv_events import (  # noqa: E402
@@ -594,14 +595,6 @@ def ceiling_hit_rate(trace: list[TraceRequest]) -> float:
     return hit / total
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo = math.floor(pos)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (pos - lo)
-
-
 def table(results: list[RunResult]) -> str:
     rows = ["| policy | TTFT p50 s | TTFT p99 s | E2E p50 s | prefix hit | output tok/s | busy mean / max |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -609,8 +602,8 @@ def table(results: list[RunResult]) -> str:
         ttft = [s.first_token_s - s.arrival_s for s in res.sequences]
         e2e = [s.done_s - s.arrival_s for s in res.sequences]
         busy = res.busy
-        rows.append(f"| {res.policy.name} | {percentile(ttft, 0.5):.2f} | {percentile(ttft, 0.99):.2f} | "
-                    f"{percentile(e2e, 0.5):.1f} | {res.hit_rate:.1%} | {res.throughput:.0f} | "
+        rows.append(f"| {res.policy.name} | {percentile(ttft, 50):.2f} | {percentile(ttft, 99):.2f} | "
+                    f"{percentile(e2e, 50):.1f} | {res.hit_rate:.1%} | {res.throughput:.0f} | "
                     f"{sum(busy) / len(busy):.0%} / {max(busy):.0%} |")
     return "\n".join(rows)
 

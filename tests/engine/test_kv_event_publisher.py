@@ -3,7 +3,6 @@ ways of wiring (we bind and routers connect; a router binds and we connect)."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import msgpack
@@ -12,12 +11,7 @@ import zmq
 
 from tgi_llm.engine.kv_event_publisher import END_OF_REPLAY, ZmqKVEventPublisher
 from tgi_llm.engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tgi_llm.ports import free_ports
 
 
 def subscribe(endpoint: str, bind: bool, topic: bytes = b"") -> zmq.Socket:
@@ -50,7 +44,7 @@ STORED = BlockStored([2**64 - 1, 5], None, list(range(32)), 16, "sql", "CPU")
 
 
 def test_frames_and_payload_are_vllms():
-    port = free_port()
+    (port,) = free_ports(1)
     pub = ZmqKVEventPublisher(f"tcp://*:{port}", topic="kv@10.0.0.1@m")
     sub = subscribe(f"tcp://127.0.0.1:{port}", bind=False, topic=b"kv@")
     try:
@@ -66,7 +60,7 @@ def test_frames_and_payload_are_vllms():
 
 
 def test_sequence_numbers_count_batches_and_a_replay_resends_from_one():
-    port, replay_port = free_port(), free_port()
+    port, replay_port = free_ports(2)
     sub = subscribe(f"tcp://127.0.0.1:{port}", bind=True)  # llm-d's way: the router binds, engines connect
     pub = ZmqKVEventPublisher(f"tcp://127.0.0.1:{port}", replay_endpoint=f"tcp://*:{replay_port}")
     try:
@@ -96,7 +90,7 @@ def test_sequence_numbers_count_batches_and_a_replay_resends_from_one():
 
 
 def test_a_malformed_replay_request_is_ignored_and_publishing_goes_on():
-    port, replay_port = free_port(), free_port()
+    port, replay_port = free_ports(2)
     pub = ZmqKVEventPublisher(f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}")
     sub = subscribe(f"tcp://127.0.0.1:{port}", bind=False)
     dealer = zmq.Context.instance().socket(zmq.DEALER)
@@ -114,11 +108,11 @@ def test_a_malformed_replay_request_is_ignored_and_publishing_goes_on():
 
 
 def test_an_endpoint_in_use_fails_at_once_and_leaves_no_socket():
-    port = free_port()
+    port, other = free_ports(2)
     first = ZmqKVEventPublisher(f"tcp://*:{port}")
     try:
         with pytest.raises(zmq.ZMQError):
-            ZmqKVEventPublisher(f"tcp://*:{free_port()}", replay_endpoint=f"tcp://*:{port}")
+            ZmqKVEventPublisher(f"tcp://*:{other}", replay_endpoint=f"tcp://*:{port}")
         with pytest.raises(zmq.ZMQError):
             ZmqKVEventPublisher(f"tcp://*:{port}")
     finally:

@@ -92,6 +92,14 @@ def check_endpoint(name: str, value: str | None) -> None:
                          f"or ipc://PATH. Given: {value!r}")
 
 
+def check_kv_event_endpoints(endpoint: str | None, replay_endpoint: str | None) -> None:
+    """--kv-events-endpoint and --kv-events-replay-endpoint, as the launcher and EngineOptions check them."""
+    check_endpoint("kv_events_endpoint", endpoint)
+    check_endpoint("kv_events_replay_endpoint", replay_endpoint)
+    if replay_endpoint and not endpoint:
+        raise ValueError("`kv_events_replay_endpoint` needs `kv_events_endpoint`")
+
+
 def binds(endpoint: str) -> bool:
     """vLLM's rule: a wildcard address or a local transport binds; a named host is a peer to connect to."""
     return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))

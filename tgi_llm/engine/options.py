@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from tgi_llm.engine.kv_events import check_endpoint
+from tgi_llm.engine.kv_events import check_kv_event_endpoints
 from tgi_llm.engine.limits import LimitOptions
 from tgi_llm.lora.spec import parse_lora_adapters
 from tgi_llm.models.rope_override import RopeOverride
@@ -63,10 +63,7 @@ class EngineOptions:
         check_shard_hosts(self.shard_hosts, self.shard_master_addr, self.num_shard)
         RopeOverride.from_flags(self.rope_scaling, self.rope_factor)  # a bad value fails here, naming its flag
         parse_lora_adapters(self.lora_adapters)
-        check_endpoint("kv_events_endpoint", self.kv_events_endpoint)
-        check_endpoint("kv_events_replay_endpoint", self.kv_events_replay_endpoint)
-        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
-            raise ValueError("`kv_events_replay_endpoint` needs `kv_events_endpoint`")
+        check_kv_event_endpoints(self.kv_events_endpoint, self.kv_events_replay_endpoint)
         for name in ("max_loras", "max_lora_rank"):
             value = getattr(self, name)
             if value is not None and not 1 <= value <= MAX_LORA_LIMITS[name]:

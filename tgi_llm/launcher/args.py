@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tgi_llm.engine.kv_events import check_kv_event_endpoints
 from tgi_llm.engine.limits import SCHEDULING_POLICIES, SHORTEST_PROMPT
 from tgi_llm.engine.options import KV_CACHE_DTYPES
 from tgi_llm.errors import ArgumentValidationError
@@ -258,7 +259,7 @@ def validate(args: argparse.Namespace) -> argparse.Namespace:
         parse_quantize(args.quantize, args.quantize_group_size)
         RopeOverride.from_flags(args.rope_scaling, args.rope_factor)
         check_lora_flags(args)
-        check_kv_event_flags(args)
+        check_kv_event_endpoints(args.kv_events_endpoint, args.kv_events_replay_endpoint)
     except ValueError as exc:
         raise ArgumentValidationError(str(exc)) from None
     if args.trust_remote_code:
@@ -293,16 +294,6 @@ def check_lora_flags(args: argparse.Namespace) -> None:
         value = getattr(args, name)
         if value is not None and not 1 <= value <= limit:
             raise ValueError(f"`{name}` must be in 1..{limit}. Given: {value}")
-
-
-def check_kv_event_flags(args: argparse.Namespace) -> None:
-    """The KV-event endpoints are ZMQ endpoints, and a replay endpoint comes with a publishing one (ValueError)."""
-    from tgi_llm.engine.kv_events import check_endpoint
-
-    check_endpoint("kv_events_endpoint", args.kv_events_endpoint)
-    check_endpoint("kv_events_replay_endpoint", args.kv_events_replay_endpoint)
-    if args.kv_events_replay_endpoint and not args.kv_events_endpoint:
-        raise ValueError("`kv_events_replay_endpoint` needs `kv_events_endpoint`")
 
 
 def lora_mode(args: argparse.Namespace) -> str:
